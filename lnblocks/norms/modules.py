@@ -1,0 +1,391 @@
+"""``nn.Module`` wrappers: parameters, input checks, backend choice, and the fused-residual call convention.
+
+The math lives in ``lnblocks.norms.functional``; the fused kernels in ``lnblocks.kernels``. Every module here accepts
+``norm(x)`` -> ``y`` and ``norm(x, residual=r)`` -> ``(y, x + r)``, where ``y = norm(x + r)``: the pre-norm hot path,
+which ``backend="triton"`` runs as one kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lnblocks.norms import functional as LF
+from lnblocks.norms.spec import (
+    Backend,
+    CastMode,
+    DyTSpec,
+    LayerNormSpec,
+    NoNormSpec,
+    NormSpec,
+    RMSNormSpec,
+    ScaleNormSpec,
+)
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FUSED_KINDS = ("layernorm", "rmsnorm")
+
+
+def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(normalized_shape, bool):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise TypeError(f"normalized_shape must be an int or a non-empty sequence of ints, got {normalized_shape!r}")
+    if any(d <= 0 for d in shape):
+        raise ValueError(f"normalized_shape must have positive sizes, got {shape}")
+    return shape
+
+
+def _check_float_tensor(name: str, t: object) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32, float64), got {t.dtype}")
+
+
+class Norm(nn.Module):
+    """Base class: holds the spec, checks inputs, picks the backend, applies the fused-residual convention.
+
+    ``last_backend`` is the backend of the latest eager call (``"torch"`` or ``"triton"``); ``backend_for(x)``
+    says which one a call with ``x`` would use without running it.
+    """
+
+    spec: NormSpec
+
+    def __init__(self, normalized_shape: int | Sequence[int] | None, spec: NormSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.normalized_shape = None if normalized_shape is None else _as_shape(normalized_shape)
+        self.last_backend: str | None = None
+
+    @classmethod
+    def from_spec(cls, spec: NormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> Norm:
+        """Build the module for ``spec`` (``factory``: ``device``/``dtype`` of the parameters)."""
+        raise NotImplementedError
+
+    def _register_vector(self, name: str, enabled: bool, factory: dict[str, Any]) -> None:
+        # Registered as None when disabled, as torch.nn.LayerNorm does, so state_dict keys match torch's.
+        param = nn.Parameter(torch.empty(self.normalized_shape, **factory)) if enabled else None
+        self.register_parameter(name, param)
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    # ---- backend choice -------------------------------------------------------------------------------------
+    def backend_for(self, x: Tensor) -> str:
+        """The backend a call on ``x`` runs: ``"torch"`` or ``"triton"``; raises if ``"triton"`` cannot run."""
+        if self.spec.backend == "torch":
+            return "torch"
+        reason = self._triton_unavailable_reason(x)
+        if self.spec.backend == "triton":
+            if reason is not None:
+                raise ValueError(f"backend='triton' cannot run here: {reason}. Use backend='auto' or 'torch'.")
+            return "triton"
+        return "triton" if (x.is_cuda and reason is None) else "torch"
+
+    def _triton_unavailable_reason(self, x: Tensor) -> str | None:
+        if self.spec.kind not in _FUSED_KINDS:
+            return f"there is no fused kernel for norm kind {self.spec.kind!r}"
+        from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
+
+        return unavailable_reason(self.spec, x)
+
+    # ---- forward ---------------------------------------------------------------------------------------------
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        self._check_inputs(x, residual)
+        backend = self.backend_for(x)
+        if not torch.compiler.is_compiling():
+            self.last_backend = backend
+        if backend == "triton":
+            from lnblocks.kernels import fused_norm
+
+            return fused_norm(self, x, residual)
+        if residual is None:
+            return self._normalize(x)
+        new_residual = LF.add_residual(x, residual, self.spec.residual_in_fp32)
+        y = self._normalize(new_residual)
+        if self.spec.residual_in_fp32:
+            y = y.to(self.output_dtype(x.dtype))  # the fp32 stream does not change what the branch sees
+        return y, new_residual
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
+        """The dtype ``norm(x)`` returns for an input of ``input_dtype`` (the input dtype unless a cast order says)."""
+        return input_dtype
+
+    def _check_inputs(self, x: Tensor, residual: Tensor | None) -> None:
+        _check_float_tensor("x", x)
+        if self.normalized_shape is not None:
+            k = len(self.normalized_shape)
+            if x.dim() < k or tuple(x.shape[-k:]) != self.normalized_shape:
+                raise ValueError(
+                    f"x: expected trailing dimension(s) {self.normalized_shape} (normalized_shape), "
+                    f"got shape {tuple(x.shape)}"
+                )
+        if residual is not None:
+            _check_float_tensor("residual", residual)
+            if residual.shape != x.shape:
+                raise ValueError(
+                    f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)} "
+                    "(no broadcasting)"
+                )
+            if residual.device != x.device:
+                raise ValueError(f"residual: expected device {x.device}, got {residual.device}")
+
+    def extra_repr(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.spec.to_dict().items() if k != "kind")
+        return f"{self.normalized_shape}, {fields}"
+
+
+class LayerNorm(Norm):
+    """LayerNorm with ``torch.nn.LayerNorm``'s constructor meaning and ``state_dict`` keys (``weight``, ``bias``).
+
+    Extra keyword options: ``zero_centered`` (store ``w``, apply ``1 + w`` in fp32; TransformerEngine),
+    ``residual_in_fp32`` and ``backend`` (see ``NormSpec``).
+    """
+
+    spec: LayerNormSpec
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        *,
+        zero_centered: bool = False,
+        residual_in_fp32: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        spec = LayerNormSpec(
+            eps=eps,
+            elementwise_affine=elementwise_affine,
+            bias=bias,
+            zero_centered=zero_centered,
+            residual_in_fp32=residual_in_fp32,
+            backend=backend,
+        )
+        super().__init__(normalized_shape, spec)
+        factory = {"device": device, "dtype": dtype}
+        self._register_vector("weight", elementwise_affine, factory)
+        self._register_vector("bias", elementwise_affine and bias, factory)
+        self.reset_parameters()
+
+    @classmethod
+    def from_spec(cls, spec: LayerNormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> LayerNorm:
+        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
+
+    eps = property(lambda self: self.spec.eps)
+    elementwise_affine = property(lambda self: self.spec.elementwise_affine)
+    zero_centered = property(lambda self: self.spec.zero_centered)
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.zeros_(self.weight) if self.spec.zero_centered else nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        return LF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.spec.eps, self.spec.zero_centered)
+
+
+class RMSNorm(Norm):
+    """RMSNorm with ``torch.nn.RMSNorm``'s constructor meaning and ``state_dict`` key (``weight``).
+
+    ``cast`` selects the HF cast order (``"fp32"`` = torch/OLMo2/Gemma, ``"llama"``, ``"t5"``; see ``RMSNormSpec``);
+    ``zero_centered`` stores ``w`` and applies ``1 + w`` in fp32 (Gemma, TransformerEngine).
+    """
+
+    spec: RMSNormSpec
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        *,
+        cast: CastMode = "fp32",
+        zero_centered: bool = False,
+        residual_in_fp32: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        spec = RMSNormSpec(
+            eps=eps,
+            elementwise_affine=elementwise_affine,
+            cast=cast,
+            zero_centered=zero_centered,
+            residual_in_fp32=residual_in_fp32,
+            backend=backend,
+        )
+        super().__init__(normalized_shape, spec)
+        factory = {"device": device, "dtype": dtype}
+        self._register_vector("weight", elementwise_affine, factory)
+        self.reset_parameters()
+
+    @classmethod
+    def from_spec(cls, spec: RMSNormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> RMSNorm:
+        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
+
+    eps = property(lambda self: self.spec.eps)
+    elementwise_affine = property(lambda self: self.spec.elementwise_affine)
+    zero_centered = property(lambda self: self.spec.zero_centered)
+    cast = property(lambda self: self.spec.cast)
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.zeros_(self.weight) if self.spec.zero_centered else nn.init.ones_(self.weight)
+
+    def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
+        if self.weight is None or self.spec.cast == "fp32":
+            return input_dtype
+        if self.spec.cast == "llama":
+            return torch.promote_types(self.weight.dtype, input_dtype)
+        # t5: rounded to a half-precision weight's dtype, else kept in the compute dtype
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            return self.weight.dtype
+        return torch.promote_types(LF.compute_dtype(input_dtype), self.weight.dtype)
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        s = self.spec
+        return LF.rms_norm(x, self.normalized_shape, self.weight, s.eps, s.cast, s.zero_centered)
+
+
+class DyT(Norm):
+    """Dynamic Tanh (Zhu et al. 2025): ``weight * tanh(alpha * x) + bias``; a norm-free drop-in for LayerNorm.
+
+    Parameters: ``alpha`` (scalar, init ``alpha_init``), ``weight`` (ones) and ``bias`` (zeros) over
+    ``normalized_shape``.
+    """
+
+    spec: DyTSpec
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        alpha_init: float = 0.5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        *,
+        residual_in_fp32: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        spec = DyTSpec(
+            alpha_init=alpha_init,
+            elementwise_affine=elementwise_affine,
+            bias=bias,
+            residual_in_fp32=residual_in_fp32,
+            backend=backend,
+        )
+        super().__init__(normalized_shape, spec)
+        factory = {"device": device, "dtype": dtype}
+        self.alpha = nn.Parameter(torch.empty(1, **factory))
+        self._register_vector("weight", elementwise_affine, factory)
+        self._register_vector("bias", elementwise_affine and bias, factory)
+        self.reset_parameters()
+
+    @classmethod
+    def from_spec(cls, spec: DyTSpec, normalized_shape: int | Sequence[int], **factory: Any) -> DyT:
+        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.alpha, self.spec.alpha_init)
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        return LF.dyt(x, self.alpha, self.weight, self.bias)
+
+
+class ScaleNorm(Norm):
+    """ScaleNorm (Nguyen & Salazar 2019): ``scale * x / max(||x||_2, eps)``; ``scale`` starts at ``sqrt(dim)``."""
+
+    spec: ScaleNormSpec
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        *,
+        scale_init: float | None = None,
+        learnable: bool = True,
+        residual_in_fp32: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        spec = ScaleNormSpec(
+            eps=eps, scale_init=scale_init, learnable=learnable, residual_in_fp32=residual_in_fp32, backend=backend
+        )
+        super().__init__(normalized_shape, spec)
+        scale = torch.empty(1, device=device, dtype=dtype)
+        if learnable:
+            self.scale = nn.Parameter(scale)
+        else:
+            self.register_buffer("scale", scale)
+        self.reset_parameters()
+
+    @classmethod
+    def from_spec(cls, spec: ScaleNormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> ScaleNorm:
+        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
+
+    def reset_parameters(self) -> None:
+        init = self.spec.scale_init
+        if init is None:
+            init = math.sqrt(math.prod(self.normalized_shape))
+        with torch.no_grad():
+            self.scale.fill_(init)
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        return LF.scale_norm(x, self.normalized_shape, self.scale, self.spec.eps)
+
+
+class NoNorm(Norm):
+    """Identity in the norm's place (``kind="none"``): for norm-free ablations, ReZero or DyT-style studies."""
+
+    spec: NoNormSpec
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int] | None = None,
+        *,
+        residual_in_fp32: bool = False,
+        backend: Backend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(normalized_shape, NoNormSpec(residual_in_fp32=residual_in_fp32, backend=backend))
+
+    @classmethod
+    def from_spec(cls, spec: NoNormSpec, normalized_shape: int | Sequence[int] | None, **factory: Any) -> NoNorm:
+        return cls(normalized_shape, residual_in_fp32=spec.residual_in_fp32, backend=spec.backend, **factory)
+
+    def backend_for(self, x: Tensor) -> str:
+        return "torch"  # nothing to fuse: identity has no kernel, whatever the backend option says
+
+    def _normalize(self, x: Tensor) -> Tensor:
+        return x
+
+
+MODULE_TYPES: dict[str, type[Norm]] = {
+    "layernorm": LayerNorm,
+    "rmsnorm": RMSNorm,
+    "dyt": DyT,
+    "scalenorm": ScaleNorm,
+    "none": NoNorm,
+}
