@@ -7,8 +7,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)  # two workers on two cores: no oversubscription

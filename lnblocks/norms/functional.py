@@ -24,6 +24,11 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def resolve_rms_eps(eps: float | None, dtype: torch.dtype) -> float:
+    """``eps=None`` means machine epsilon of the compute dtype, as ``F.rms_norm`` does (fp32's for half inputs)."""
+    return torch.finfo(compute_dtype(dtype)).eps if eps is None else eps
+
+
 def _reduce_dims(normalized_shape: Sequence[int]) -> int | tuple[int, ...]:
     # HF classes reduce with `.mean(-1, keepdim=True)`; keep that exact call for the usual 1-D case.
     n = len(normalized_shape)
@@ -50,9 +55,11 @@ def layer_norm(
     ``zero_centered``: the stored weight ``w`` is applied as ``1 + w`` with the ``+ 1`` done in fp32, so a
     bf16 ``w`` of 0.0039 does not round ``1 + w`` back to 1 (Liger-Kernel#1462).
     """
-    if zero_centered and weight is not None:
+    if weight is not None and (zero_centered or weight.dtype != x.dtype):
+        # Parameters in the compute dtype: the `+ 1` happens in fp32, and F.layer_norm accepts fp32 parameters
+        # with half inputs (an fp32 residual stream meeting bf16 weights is upcast, as the weights are exact in fp32).
         cdt = torch.promote_types(compute_dtype(x.dtype), weight.dtype)
-        weight = 1.0 + weight.to(cdt)
+        weight = 1.0 + weight.to(cdt) if zero_centered else weight.to(cdt)
         bias = None if bias is None else bias.to(cdt)
     return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
 
@@ -65,17 +72,21 @@ def rms_norm(
     cast: CastMode = "fp32",
     zero_centered: bool = False,
 ) -> Tensor:
-    """RMSNorm with the cast order of ``cast`` (see ``RMSNormSpec``); ``eps=None`` is ``finfo(x.dtype).eps``.
+    """RMSNorm with the cast order of ``cast`` (see ``RMSNormSpec``); ``eps=None``: see ``resolve_rms_eps``.
 
     ``"fp32"`` equals ``F.rms_norm`` bit for bit where weight and input share a dtype (tested), and is op for op
     ``Olmo2RMSNorm`` and (with ``zero_centered``) ``GemmaRMSNorm``; ``"llama"`` is ``LlamaRMSNorm``; ``"t5"`` is
     ``T5LayerNorm``.
     """
-    if eps is None:
-        eps = torch.finfo(x.dtype).eps
+    eps = resolve_rms_eps(eps, x.dtype)
     dims = _reduce_dims(normalized_shape)
     h = x.to(compute_dtype(x.dtype))
-    h = h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
+    if cast == "t5":
+        # T5LayerNorm multiplies the *uncast* input by the fp32 rsqrt (promotion does the upcast), so autograd
+        # sums two half-precision grads for x; written the same way to match its backward bit for bit.
+        h = x * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
+    else:
+        h = h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
     if cast == "fp32":
         if weight is not None:
             w = weight.to(torch.promote_types(h.dtype, weight.dtype))

@@ -33,7 +33,12 @@ _FUSED_KINDS = ("layernorm", "rmsnorm")
 def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(normalized_shape, bool):
         raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if isinstance(normalized_shape, int):
+        shape: tuple = (normalized_shape,)
+    elif isinstance(normalized_shape, Sequence) and not isinstance(normalized_shape, str):
+        shape = tuple(normalized_shape)
+    else:
+        shape = ()
     if not shape or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise TypeError(f"normalized_shape must be an int or a non-empty sequence of ints, got {normalized_shape!r}")
     if any(d <= 0 for d in shape):
@@ -80,14 +85,14 @@ class Norm(nn.Module):
     # ---- backend choice -------------------------------------------------------------------------------------
     def backend_for(self, x: Tensor) -> str:
         """The backend a call on ``x`` runs: ``"torch"`` or ``"triton"``; raises if ``"triton"`` cannot run."""
-        if self.spec.backend == "torch":
+        if self.spec.backend == "torch" or (self.spec.backend == "auto" and not x.is_cuda):
             return "torch"
         reason = self._triton_unavailable_reason(x)
         if self.spec.backend == "triton":
             if reason is not None:
                 raise ValueError(f"backend='triton' cannot run here: {reason}. Use backend='auto' or 'torch'.")
             return "triton"
-        return "triton" if (x.is_cuda and reason is None) else "torch"
+        return "triton" if reason is None else "torch"
 
     def _triton_unavailable_reason(self, x: Tensor) -> str | None:
         if self.spec.kind not in _FUSED_KINDS:

@@ -93,7 +93,8 @@ class LayerNormSpec(NormSpec):
 class RMSNormSpec(NormSpec):
     """RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``, no mean subtraction, no bias.
 
-    ``eps=None`` means ``torch.finfo(x.dtype).eps`` at call time, as ``torch.nn.RMSNorm`` does.
+    ``eps=None`` means the machine epsilon of the compute dtype at call time (fp32's for fp16/bf16/fp32 inputs, fp64's
+    for fp64), which is what ``torch.nn.RMSNorm`` does (its docs say ``finfo(x.dtype)``; the code uses the opmath type).
 
     ``cast`` picks where the fp32 result is rounded, which is what makes HF families differ bit for bit:
 
@@ -119,7 +120,8 @@ class RMSNormSpec(NormSpec):
         _check_choice("cast", self.cast, CAST_MODES)
         if self.zero_centered and self.cast != "fp32":
             raise ValueError(
-                f"zero_centered=True adds 1 + w in fp32 and needs cast='fp32' (the Gemma/TE order), got cast={self.cast!r}"
+                "zero_centered=True adds 1 + w in fp32 and needs cast='fp32' (the Gemma/TE order), "
+                f"got cast={self.cast!r}"
             )
 
 
