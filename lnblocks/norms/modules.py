@@ -28,6 +28,10 @@ from lnblocks.norms.spec import (
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FUSED_KINDS = ("layernorm", "rmsnorm")
+# On CPU, without autograd, norms written as several eager ops (RMSNorm, DyT, ScaleNorm) run over blocks of rows of
+# about this many fp32 bytes so the intermediates stay in cache. Each row sees the same ops, so outputs are
+# bit-identical (see bench_norms_cpu.py). Not used when grads are recorded: blocking would reorder the weight-grad sum.
+CPU_BLOCK_BYTES = 1 << 20
 
 
 def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
@@ -61,6 +65,7 @@ class Norm(nn.Module):
     """
 
     spec: NormSpec
+    _row_blocks_on_cpu: bool = False  # multi-op eager math that gains from running over cache-sized row blocks
 
     def __init__(self, normalized_shape: int | Sequence[int] | None, spec: NormSpec) -> None:
         super().__init__()
@@ -112,15 +117,33 @@ class Norm(nn.Module):
 
             return fused_norm(self, x, residual)
         if residual is None:
-            return self._normalize(x)
+            return self._normalize_rows(x)
         new_residual = LF.add_residual(x, residual, self.spec.residual_in_fp32)
-        y = self._normalize(new_residual)
+        y = self._normalize_rows(new_residual)
         if self.spec.residual_in_fp32:
             y = y.to(self.output_dtype(x.dtype))  # the fp32 stream does not change what the branch sees
         return y, new_residual
 
     def _normalize(self, x: Tensor) -> Tensor:
         raise NotImplementedError
+
+    def _normalize_rows(self, x: Tensor) -> Tensor:
+        """``_normalize``, over cache-sized blocks of rows on CPU inference where that is faster (same ops per row)."""
+        if (
+            not self._row_blocks_on_cpu
+            or x.device.type != "cpu"
+            or torch.compiler.is_compiling()
+            or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
+        ):
+            return self._normalize(x)
+        k = len(self.normalized_shape)
+        row_numel = math.prod(self.normalized_shape)
+        block_rows = max(1, CPU_BLOCK_BYTES // (4 * row_numel))
+        rows = x.reshape(-1, *self.normalized_shape)  # (M, *normalized_shape)
+        if rows.shape[0] <= 2 * block_rows:
+            return self._normalize(x)
+        y = torch.cat([self._normalize(block) for block in rows.split(block_rows)])
+        return y.reshape(*x.shape[:-k], *y.shape[1:])
 
     def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
         """The dtype ``norm(x)`` returns for an input of ``input_dtype`` (the input dtype unless a cast order says)."""
@@ -212,6 +235,7 @@ class RMSNorm(Norm):
     """
 
     spec: RMSNormSpec
+    _row_blocks_on_cpu = True
 
     def __init__(
         self,
@@ -275,6 +299,7 @@ class DyT(Norm):
     """
 
     spec: DyTSpec
+    _row_blocks_on_cpu = True
 
     def __init__(
         self,
@@ -321,6 +346,7 @@ class ScaleNorm(Norm):
     """ScaleNorm (Nguyen & Salazar 2019): ``scale * x / max(||x||_2, eps)``; ``scale`` starts at ``sqrt(dim)``."""
 
     spec: ScaleNormSpec
+    _row_blocks_on_cpu = True
 
     def __init__(
         self,

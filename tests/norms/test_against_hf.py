@@ -82,3 +82,31 @@ def test_llama_and_fp32_cast_orders_differ_in_bf16() -> None:
         b.weight.copy_(a.weight)
     a.to(torch.bfloat16), b.to(torch.bfloat16)
     assert not torch.equal(a(x), b(x))
+
+
+@pytest.mark.parametrize("preset", list(HF_CLASSES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_row_blocks_are_bit_identical(preset: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU inference path (cache-sized row blocks) must not change a single bit; training does not take it."""
+    from lnblocks.norms import modules
+
+    n = 96
+    monkeypatch.setattr(modules, "CPU_BLOCK_BYTES", 4 * n * 3)  # 3-row blocks; 50 rows leave a 2-row remainder
+    hf = randomize_(_hf_norm(preset, n, 1e-6)).to(dtype)
+    ours = lnblocks.build_norm(preset, n, eps=1e-6, dtype=dtype)
+    copy_params(hf, ours)
+    x = torch.randn(5, 10, n).to(dtype)
+    g = torch.randn(5, 10, n).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), hf(x))
+    blocks = []
+    monkeypatch.setattr(ours, "_normalize", lambda h: blocks.append(h.shape[0]) or type(ours)._normalize(ours, h))
+    with torch.inference_mode():
+        y = ours(x)
+    assert blocks == [3] * 16 + [2], "the row-block path was not taken"
+    assert torch.equal(y, hf(x)) and y.shape == (5, 10, n)
+    y_hf, grads_hf = run_fwd_bwd(hf, x, g)
+    y, grads = run_fwd_bwd(ours, x, g)
+    assert torch.equal(y, y_hf)
+    for a, b in zip(grads, grads_hf, strict=True):
+        assert torch.equal(a, b)
