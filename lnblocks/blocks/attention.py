@@ -1,0 +1,199 @@
+"""Multi-head self-attention with grouped KV heads, optional per-head QK-norm, RoPE and three backends.
+
+One fused ``qkv`` projection (rows ``[q; k; v]``, split with ``Attention.split_qkv``) and one output ``proj``.
+Backends: ``"sdpa"`` (``F.scaled_dot_product_attention``), ``"flash_attn"`` (imported lazily; CUDA, fp16/bf16,
+falls back to sdpa otherwise) and ``"eager"`` (explicit fp32 softmax that records, per head, the largest attention
+logit and the mean attention entropy: the stability diagnostics of Wortsman et al. 2023 and Zhai et al. 2023).
+``last_backend`` says which backend the latest call ran; the backend is read from ``attn.config`` at every call, so
+swapping ``attn.config`` (e.g. ``dataclasses.replace(cfg, backend="eager")``) switches it on a built model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnblocks.blocks.config import AttentionConfig
+from lnblocks.blocks.rope import apply_rope
+from lnblocks.norms import NormSpec, build_norm
+
+
+class AttentionStats(NamedTuple):
+    """Per-head statistics of the latest eager call (detached, fp32).
+
+    ``max_logit``: ``(H,)`` largest scaled logit ``q.k * scale`` over allowed (unmasked) pairs.
+    ``entropy``: ``(H,)`` mean over batch and queries of ``-sum_j p_ij log p_ij`` (nats).
+    """
+
+    max_logit: Tensor
+    entropy: Tensor
+
+
+class KVCache:
+    """Pre-allocated keys and values of one attention layer for incremental decoding (``GPT.generate``)."""
+
+    def __init__(
+        self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append ``k``, ``v`` of shape ``(B, Hkv, T, hd)``; return all keys and values so far."""
+        end = self.length + k.shape[2]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KV cache holds {self.k.shape[2]} positions; appending would need {end}")
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """``(B, Hkv, T, hd)`` -> ``(B, Hkv * n_rep, T, hd)``, each KV head serving ``n_rep`` query heads."""
+    if n_rep == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
+
+
+def flash_attn_unavailable_reason(q: Tensor) -> str | None:
+    """Why the flash-attn backend cannot run on ``q``, or None when it can."""
+    if not q.is_cuda:
+        return f"q is on {q.device.type}; flash-attn runs on CUDA"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"flash-attn needs float16/bfloat16, got {q.dtype}"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed (pip install 'lnblocks[gpu]')"
+    return None
+
+
+class Attention(nn.Module):
+    """Self-attention of ``dim`` channels. Parameters: ``qkv`` (Linear dim -> (H + 2 Hkv) hd), ``proj``
+    (Linear H hd -> dim), and ``q_norm``/``k_norm`` (per head, over hd) when ``qk_norm`` is given.
+    """
+
+    def __init__(self, dim: int, config: AttentionConfig, qk_norm: NormSpec | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.n_heads = config.n_heads
+        self.n_kv_heads = config.kv_heads
+        self.head_dim = config.head_dim or dim // config.n_heads
+        self.scale = config.scale if config.scale is not None else self.head_dim**-0.5
+        q_rows, kv_rows = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.qkv = nn.Linear(dim, q_rows + 2 * kv_rows, bias=config.qkv_bias)
+        self.proj = nn.Linear(q_rows, dim, bias=config.out_bias)
+        self.q_norm = build_norm(qk_norm, self.head_dim) if qk_norm is not None else None
+        self.k_norm = build_norm(qk_norm, self.head_dim) if qk_norm is not None else None
+        self.attn_dropout = config.dropout
+        self.last_backend: str | None = None
+        self.last_stats: AttentionStats | None = None
+
+    # ---- weights by role ------------------------------------------------------------------------------------
+    def qkv_slices(self) -> dict[str, slice]:
+        """Row slices of ``qkv.weight`` (and of its ``.grad``) holding W_Q, W_K and W_V."""
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        return {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+
+    def split_qkv(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Split a tensor shaped like ``qkv.weight`` or ``qkv.bias`` (or their grads) into its q, k, v rows."""
+        s = self.qkv_slices()
+        return t[s["q"]], t[s["k"]], t[s["v"]]
+
+    # ---- backend choice -------------------------------------------------------------------------------------
+    def backend_for(self, q: Tensor) -> str:
+        """The backend a call with queries ``q`` runs: ``"sdpa"``, ``"flash_attn"`` or ``"eager"``."""
+        if self.config.backend == "flash_attn":
+            return "flash_attn" if flash_attn_unavailable_reason(q) is None else "sdpa"
+        return self.config.backend
+
+    def _window(self, tk: int) -> int | None:
+        """The sliding window if it hides any of ``tk`` keys, else None (a window >= tk changes nothing)."""
+        w = self.config.sliding_window
+        return w if w is not None and tk > w else None
+
+    def _mask(self, tq: int, tk: int, device: torch.device) -> Tensor:
+        """Boolean ``(tq, tk)``: True where query i (at position tk - tq + i) may attend to key j."""
+        qpos = torch.arange(tk - tq, tk, device=device)[:, None]
+        kpos = torch.arange(tk, device=device)[None, :]
+        allowed = kpos <= qpos
+        window = self._window(tk)
+        if window is not None:
+            allowed = allowed & (kpos > qpos - window)
+        return allowed
+
+    # ---- forward --------------------------------------------------------------------------------------------
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None) -> Tensor:
+        B, T, _ = x.shape  # (B, T, C)
+        hd = self.head_dim
+        q, k, v = self.qkv(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], dim=-1)
+        q = q.view(B, T, self.n_heads, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_kv_heads, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = v.view(B, T, self.n_kv_heads, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, Hkv, Tk, hd)
+        backend = self.backend_for(q)
+        if not torch.compiler.is_compiling():
+            self.last_backend = backend
+            if backend != "eager":
+                self.last_stats = None  # stats always describe the latest call (only eager records them)
+        if backend == "flash_attn":
+            y = self._flash(q, k, v)
+        else:
+            rep = self.n_heads // self.n_kv_heads
+            k, v = repeat_kv(k, rep), repeat_kv(v, rep)  # (B, H, Tk, hd)
+            y = self._eager(q, k, v) if backend == "eager" else self._sdpa(q, k, v)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * hd)  # (B, T, H*hd)
+        return self.proj(y)
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        tq, tk = q.shape[2], k.shape[2]
+        dropout = self.attn_dropout if self.training else 0.0
+        simple_causal = self.config.causal and self._window(tk) is None
+        if not self.config.causal or (simple_causal and tq == 1):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
+        if simple_causal and tq == tk:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
+        mask = self._mask(tq, tk, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale)
+
+    def _eager(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        att = torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, Tq, Tk)
+        if self.config.causal:
+            att = att.masked_fill(~self._mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+        probs = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+        if not torch.compiler.is_compiling():
+            with torch.no_grad():
+                p = probs.detach().float()
+                self.last_stats = AttentionStats(
+                    max_logit=att.detach().float().amax(dim=(0, 2, 3)),
+                    entropy=torch.special.entr(p).sum(-1).mean(dim=(0, 2)),
+                )
+        probs = F.dropout(probs, p=self.attn_dropout, training=self.training)
+        return torch.matmul(probs, v)  # (B, H, Tq, hd)
+
+    def _flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # pragma: no cover - needs CUDA + flash-attn
+        from flash_attn import flash_attn_func
+
+        window = self.config.sliding_window
+        y = flash_attn_func(
+            q.transpose(1, 2),  # flash-attn layout (B, T, H, hd); GQA handled natively
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            softmax_scale=self.scale,
+            causal=self.config.causal,
+            window_size=(window - 1, 0) if window is not None else (-1, -1),
+        )
+        return y.transpose(1, 2)  # (B, H, Tq, hd)

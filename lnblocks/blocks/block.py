@@ -1,0 +1,185 @@
+"""``Block``: one residual block (attention sublayer, then MLP sublayer) with its norms where ``placement`` says.
+
+One class, one forward pass, placement as data (``PLACEMENTS``). Per sublayer f with input stream x::
+
+    u = norm_in(x) * s       if the placement has an input norm    (s = 1/sqrt(l) with depth_scaled_norm)
+    b = f(u)                 (u = x without an input norm)
+    b = norm_out(b)          if the placement has an output norm
+    b = drop(gate * b)       (gate: ReZero scalar, if enabled)
+    x = norm_post(alpha*x + b)   if the placement has a post norm (alpha = 1 except DeepNorm)
+    x = x + b                    otherwise
+
+Fused residual path: between blocks the stream travels as ``Stream(hidden, residual)`` whose value is
+``hidden + residual``: the last add of a block is left pending, and the next input norm (or post norm, or the
+model's final norm) performs it with ``norm(hidden, residual=residual)``, which the norms run as one fused add+norm
+kernel on GPU. Because ``a + b == b + a`` exactly in IEEE arithmetic, the fused path returns the same bits as the
+plain formulas above. Calling a block on a plain tensor returns the plain tensor stream.
+
+::
+
+    pre        x ─┬─ norm ─ f ─(+)─>          post      x ─┬─ f ─(+)─ norm ─>
+                  └──────────────┘                         └──────┘
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lnblocks.blocks.attention import Attention, KVCache
+from lnblocks.blocks.config import BlockConfig
+from lnblocks.blocks.mlp import MLP
+from lnblocks.blocks.placements import PLACEMENTS, deepnorm_alpha, depth_scale
+from lnblocks.norms import Norm, build_norm
+
+
+class Stream(NamedTuple):
+    """The residual stream between blocks, its last add still pending: ``value() = hidden + residual``.
+
+    ``dual``: ResiDual's un-normalised accumulated stream (None for every other placement).
+    """
+
+    hidden: Tensor
+    residual: Tensor | None = None
+    dual: Tensor | None = None
+
+    def value(self) -> Tensor:
+        """The stream itself, with the pending add done (promoted to fp32 if the residual is kept in fp32)."""
+        return self.hidden if self.residual is None else self.hidden + self.residual
+
+
+class Block(nn.Module):
+    """A residual block built from a ``BlockConfig``; ``layer_idx`` (0-based) and ``n_layers`` feed the depth-
+    dependent constants (LayerNorm Scaling's ``1/sqrt(layer_idx + 1)``, DeepNorm's ``alpha = (2 n_layers)^(1/4)``).
+
+    Submodules (stable names): ``attn`` (``qkv``, ``proj``, ``q_norm``, ``k_norm``), ``mlp`` (``fc1``, ``fc2``), and
+    the norms the placement has: ``attn_in_norm``, ``attn_out_norm``, ``attn_post_norm``, ``mlp_in_norm``,
+    ``mlp_out_norm``, ``mlp_post_norm`` (absent ones are None). ReZero gates: ``attn_gate``, ``mlp_gate``.
+    """
+
+    def __init__(self, config: BlockConfig | dict, layer_idx: int = 0, n_layers: int = 1) -> None:
+        super().__init__()
+        if isinstance(config, dict):
+            config = BlockConfig.from_dict(config)
+        if not isinstance(config, BlockConfig):
+            raise TypeError(f"config must be a BlockConfig or a dict, got {type(config).__name__}")
+        for name, value in (("layer_idx", layer_idx), ("n_layers", n_layers)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if n_layers < 1 or not 0 <= layer_idx < n_layers:
+            raise ValueError(f"need 0 <= layer_idx < n_layers, got layer_idx={layer_idx}, n_layers={n_layers}")
+        self.config = config
+        self.layer_idx = layer_idx
+        self.placement = p = PLACEMENTS[config.placement]
+        dim = config.dim
+
+        def norm_if(present: bool) -> Norm | None:
+            return build_norm(config.norm, dim) if present else None
+
+        self.attn_in_norm = norm_if(p.in_norm)
+        self.attn = Attention(dim, config.attention, config.qk_norm)
+        self.attn_out_norm = norm_if(p.out_norm)
+        self.attn_post_norm = norm_if(p.post_norm)
+        self.mlp_in_norm = norm_if(p.in_norm and not config.shared_norm)
+        self.mlp = MLP(dim, config.mlp)
+        self.mlp_out_norm = norm_if(p.out_norm)
+        self.mlp_post_norm = norm_if(p.post_norm)
+        self.alpha = 1.0
+        if config.placement == "deepnorm":
+            self.alpha = config.deepnorm_alpha if config.deepnorm_alpha is not None else deepnorm_alpha(n_layers)
+        self.in_scale = depth_scale(layer_idx) if config.depth_scaled_norm else 1.0
+        self.attn_gate = nn.Parameter(torch.zeros(1)) if config.rezero else None
+        self.mlp_gate = nn.Parameter(torch.zeros(1)) if config.rezero else None
+        self.drop = nn.Dropout(config.dropout)
+
+    def extra_repr(self) -> str:
+        return f"placement={self.placement.name!r}, layer_idx={self.layer_idx}, formula={self.placement.formula!r}"
+
+    # ---- forward --------------------------------------------------------------------------------------------
+    def forward(
+        self, x: Tensor | Stream, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None
+    ) -> Tensor | Stream:
+        """``x``: the stream ``(B, T, C)`` as a tensor, or as a ``Stream`` (then a ``Stream`` comes back, its last add
+        pending). ``rope``: ``(cos, sin)`` from ``rope_cache`` or None (no RoPE). ``cache``: KV cache for decoding.
+        A ``"resi_dual"`` block called on a tensor returns its post-norm stream; pass a ``Stream`` to carry the dual.
+        """
+        s = x if isinstance(x, Stream) else Stream(x)
+        if self.placement.parallel:
+            s = self._parallel(s, rope, cache)
+        else:
+            u, res, dual = self._enter(s, self.attn_in_norm)
+            s = self._leave(
+                self.attn(u, rope, cache), res, dual, self.attn_out_norm, self.attn_post_norm, self.attn_gate
+            )
+            u, res, dual = self._enter(s, self.mlp_in_norm)
+            s = self._leave(self.mlp(u), res, dual, self.mlp_out_norm, self.mlp_post_norm, self.mlp_gate)
+        return s if isinstance(x, Stream) else s.value()
+
+    def _enter(self, s: Stream, in_norm: Norm | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Branch input u, materialised stream x (maybe fp32), dual stream."""
+        h, r, dual = s
+        if in_norm is None:
+            x = h if r is None else (h + r).to(h.dtype)
+            u = x
+        else:
+            if r is None:
+                u, x = in_norm(h), h
+            else:
+                u, x = in_norm(h, residual=r)  # fused: x = h + r, u = norm(x)
+            if self.in_scale != 1.0:
+                u = u * self.in_scale
+        if self.placement.dual and dual is None:
+            dual = x  # ResiDual's second stream starts at the block input (the embedding for the first block)
+        return u, x, dual
+
+    def _leave(
+        self, b: Tensor, x: Tensor, dual: Tensor | None, out_norm: Norm | None, post_norm: Norm | None, gate
+    ) -> Stream:
+        if out_norm is not None:
+            b = out_norm(b)
+        if gate is not None:
+            b = b * gate
+        b = self.drop(b)
+        if self.placement.dual:
+            dual = dual + b
+        if post_norm is not None:
+            y, _ = post_norm(b, residual=x if self.alpha == 1.0 else x * self.alpha)  # norm(alpha * x + b), fused
+            return Stream(y, None, dual)
+        return Stream(b, x, dual)  # x + b left pending for the next norm
+
+    def _parallel(self, s: Stream, rope: tuple[Tensor, Tensor] | None, cache: KVCache | None) -> Stream:
+        u, x, dual = self._enter(s, self.attn_in_norm)
+        a = self.attn(u, rope, cache)
+        if self.mlp_in_norm is None:
+            m = self.mlp(u)  # shared norm
+        else:
+            u2 = self.mlp_in_norm(x).to(u.dtype)
+            m = self.mlp(u2 * self.in_scale if self.in_scale != 1.0 else u2)
+        if self.attn_gate is not None:
+            a, m = a * self.attn_gate, m * self.mlp_gate
+        return Stream(self.drop(a) + self.drop(m), x, dual)  # x + (a + m) left pending
+
+    # ---- weights by role (for diagnostics) ------------------------------------------------------------------
+    def matrices(self, grad: bool = False) -> dict[str, Tensor]:
+        """Views of the weight matrices by role (or of their ``.grad`` with ``grad=True``): ``W_Q``, ``W_K``, ``W_V``,
+        ``W_O``, ``W_1`` (MLP in; the gate when gated), ``W_3`` (the up projection, gated only) and ``W_2`` (MLP out).
+        """
+
+        def get(p: nn.Parameter) -> Tensor:
+            if not grad:
+                return p.detach()
+            if p.grad is None:
+                raise ValueError("matrices(grad=True): no gradients yet; call backward() first")
+            return p.grad
+
+        w_q, w_k, w_v = self.attn.split_qkv(get(self.attn.qkv.weight))
+        out = {"W_Q": w_q, "W_K": w_k, "W_V": w_v, "W_O": get(self.attn.proj.weight)}
+        fc1 = get(self.mlp.fc1.weight)
+        if self.mlp.gated:
+            out["W_1"], out["W_3"] = self.mlp.split_fc1(fc1)
+        else:
+            out["W_1"] = fc1
+        out["W_2"] = get(self.mlp.fc2.weight)
+        return out

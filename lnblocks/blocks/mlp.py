@@ -1,0 +1,55 @@
+"""Position-wise MLP: ``fc2(act(fc1(x)))`` or the gated form ``fc2(act(gate) * up)`` (SwiGLU/GeGLU, Shazeer 2020).
+
+A gated MLP keeps gate and up in one ``fc1`` (rows ``[gate; up]``): one matmul instead of two, and stable parameter
+names (``fc1``, ``fc2``) whatever the activation.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnblocks.blocks.config import MLPConfig
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """The tanh approximation of GELU: GPT-2's ``gelu_new`` math in one kernel."""
+    return F.gelu(x, approximate="tanh")
+
+
+_ACT = {
+    "gelu": F.gelu,  # exact erf form (BERT, HF "gelu")
+    "gelu_tanh": gelu_tanh,
+    "relu": F.relu,
+    "silu": F.silu,
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+}
+
+
+class MLP(nn.Module):
+    """``fc1``: Linear dim -> hidden (x2 when gated), ``fc2``: Linear hidden -> dim."""
+
+    def __init__(self, dim: int, config: MLPConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.hidden_dim = config.hidden_dim or 4 * dim
+        self.gated = config.gated
+        self.act = _ACT[config.activation]
+        self.fc1 = nn.Linear(dim, self.hidden_dim * (2 if self.gated else 1), bias=config.bias)
+        self.fc2 = nn.Linear(self.hidden_dim, dim, bias=config.bias)
+
+    def split_fc1(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        """Split a tensor shaped like ``fc1.weight``/``fc1.bias`` (or their grads) of a gated MLP into gate, up."""
+        if not self.gated:
+            raise ValueError(f"split_fc1 needs a gated activation (swiglu, geglu), got {self.config.activation!r}")
+        return t[: self.hidden_dim], t[self.hidden_dim :]
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc1(x)  # (B, T, hidden) or (B, T, 2*hidden)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = self.act(gate) * up
+        else:
+            h = self.act(h)
+        return self.fc2(h)  # (B, T, C)

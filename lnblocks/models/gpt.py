@@ -1,0 +1,221 @@
+"""``GPT``: a decoder-only language model built from ``Block``s (nanoGPT-sized, any placement, HF interop).
+
+Parameter names are stable and per layer: ``tok_emb``, ``pos_emb`` (learned positions only),
+``blocks.{i}.attn.qkv`` / ``.attn.proj`` (attention in/out), ``blocks.{i}.mlp.fc1`` / ``.mlp.fc2`` (MLP in/out),
+``blocks.{i}.{attn,mlp}_{in,out,post}_norm`` (the norms the placement has), ``final_norm``, ``lm_head``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnblocks.blocks import AttentionStats, Block, KVCache, Stream, rope_cache
+from lnblocks.models.config import GPTConfig
+from lnblocks.models.init import init_weights
+from lnblocks.norms import build_norm
+
+
+class GPT(nn.Module):
+    """Token embedding (+ learned positions) -> blocks -> final norm (placement rule) -> LM head.
+
+    ``forward(idx, targets=None)`` returns ``(logits, loss)``; ``forward(..., return_hidden=True)`` returns
+    ``(logits, loss, hidden)``. See ``forward`` for shapes.
+    """
+
+    def __init__(self, config: GPTConfig | dict | None = None) -> None:
+        super().__init__()
+        if config is None:
+            config = GPTConfig()
+        elif isinstance(config, dict):
+            config = GPTConfig.from_dict(config)
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig or a dict, got {type(config).__name__}")
+        self.config = config
+        layers, dim = config.layers, config.dim
+        self.tok_emb = nn.Embedding(config.vocab_size, dim)
+        self.pos_emb = nn.Embedding(config.max_seq_len, dim) if config.positions == "learned" else None
+        self.emb_drop = nn.Dropout(config.emb_dropout)
+        self.blocks = nn.ModuleList(Block(b, i, config.n_layers) for i, b in enumerate(layers))
+        self.final_norm = build_norm(layers[-1].norm, dim) if config.uses_final_norm else None
+        self.lm_head = nn.Linear(dim, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        self._resi_dual = layers[-1].placement == "resi_dual"
+        self._head_dim = layers[0].head_dim
+        init_weights(self)
+
+    # ---- input checks ---------------------------------------------------------------------------------------
+    def _check_idx(self, idx: Any, start: int, name: str = "idx") -> None:
+        if not isinstance(idx, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(idx).__name__}")
+        if idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must hold integer token ids (int64 or int32), got {idx.dtype}")
+        if idx.dim() != 2:
+            raise ValueError(f"{name} must have shape (B, T), got {tuple(idx.shape)}")
+        end = start + idx.shape[1]
+        if self.pos_emb is not None and end > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence of {end} positions is longer than the position table (max_seq_len={self.config.max_seq_len})"
+            )
+        if not torch.compiler.is_compiling() and idx.numel() > 0:
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(
+                    f"{name}: token ids must be in [0, vocab_size={self.config.vocab_size}), got min {lo}, max {hi}"
+                )
+
+    # ---- forward --------------------------------------------------------------------------------------------
+    def _trunk(self, idx: Tensor, start: int, caches: list[KVCache] | None, hidden: list[Tensor] | None) -> Tensor:
+        """Embeddings and blocks; returns the LM head's input ``(B, T, C)``."""
+        T = idx.shape[1]
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+        x = self.emb_drop(x)
+        rope = None
+        if self.config.positions == "rope":
+            positions = torch.arange(start, start + T, device=idx.device)
+            rope = rope_cache(self._head_dim, positions, self.config.rope_theta, dtype=x.dtype)
+        if hidden is not None:
+            hidden.append(x)
+        s = Stream(x)
+        for i, blk in enumerate(self.blocks):
+            s = blk(s, rope, None if caches is None else caches[i])
+            if hidden is not None:
+                hidden.append(s.value())
+        if self._resi_dual:
+            return s.value() + self.final_norm(s.dual)  # ResiDual: x_N + norm(y_N)
+        if self.final_norm is None:
+            return s.value()
+        if s.residual is None:
+            return self.final_norm(s.hidden)
+        return self.final_norm(s.hidden, residual=s.residual)[0]  # fuses the last block's pending add
+
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, *, return_hidden: bool = False
+    ) -> tuple[Tensor, Tensor | None] | tuple[Tensor, Tensor | None, list[Tensor]]:
+        """``idx``: ``(B, T)`` token ids. Returns ``(logits, loss)``: logits ``(B, T, vocab_size)`` in the model dtype;
+        loss the mean fp32 cross-entropy against ``targets`` ``(B, T)`` (entries -100 ignored), or None.
+
+        ``return_hidden=True`` adds a third item: ``n_layers + 1`` tensors ``(B, T, C)``, the residual stream after
+        the embedding and after each block (before any final norm; for ResiDual the post-norm stream).
+        """
+        self._check_idx(idx, 0)
+        if targets is not None and (not isinstance(targets, Tensor) or targets.shape != idx.shape):
+            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+            raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)} like idx, got {got}")
+        hidden: list[Tensor] | None = [] if return_hidden else None
+        logits = self.lm_head(self._trunk(idx, 0, None, hidden))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        if return_hidden:
+            return logits, loss, hidden
+        return logits, loss
+
+    # ---- generation -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        *,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Append ``max_new_tokens`` tokens to ``idx`` ``(B, T)`` and return ``(B, T + max_new_tokens)``.
+
+        ``temperature=0`` is greedy (argmax); otherwise sample from ``softmax(logits / temperature)``, restricted to
+        the ``top_k`` most likely tokens when given. ``use_cache``: a KV cache per layer (one token per step).
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+        self._check_idx(idx, max_new_tokens)
+        was_training = self.training
+        self.eval()
+        try:
+            B, T = idx.shape
+            caches = None
+            if use_cache:
+                dtype = self.tok_emb.weight.dtype
+                caches = [
+                    KVCache(B, b.attn.n_kv_heads, T + max_new_tokens, b.attn.head_dim, dtype=dtype, device=idx.device)
+                    for b in self.blocks
+                ]
+            step_in, start = idx, 0
+            for _ in range(max_new_tokens):
+                if not use_cache:
+                    step_in, start = idx, 0
+                logits = self.lm_head(self._trunk(step_in, start, caches, None)[:, -1])  # (B, V)
+                nxt = self._sample(logits, temperature, top_k, generator)  # (B, 1)
+                start = idx.shape[1]
+                idx = torch.cat((idx, nxt), dim=1)
+                step_in = nxt
+            return idx
+        finally:
+            self.train(was_training)
+
+    @staticmethod
+    def _sample(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+        logits = logits.float()
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+    # ---- diagnostics ----------------------------------------------------------------------------------------
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Number of parameters (a tied head counted once); ``exclude_embeddings`` drops token/position tables."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok_emb.weight.numel()
+            if self.pos_emb is not None:
+                n -= self.pos_emb.weight.numel()
+        return n
+
+    def matrices(self, grad: bool = False) -> dict[str, Tensor]:
+        """``{"blocks.{i}.W_Q": tensor, ...}``: every layer's matrices by role (``Block.matrices``), or their grads."""
+        return {f"blocks.{i}.{k}": v for i, blk in enumerate(self.blocks) for k, v in blk.matrices(grad).items()}
+
+    def attention_stats(self) -> list[AttentionStats]:
+        """Per layer, the ``AttentionStats`` (per-head max logit and entropy) of the latest forward pass.
+
+        Recorded by the eager attention backend only (``AttentionConfig(backend="eager")``), outside torch.compile.
+        """
+        stats = [blk.attn.last_stats for blk in self.blocks]
+        missing = [i for i, s in enumerate(stats) if s is None]
+        if missing:
+            raise ValueError(
+                f"no attention statistics for layers {missing}: they are recorded by the eager backend "
+                "(AttentionConfig(backend='eager')) during an uncompiled forward pass"
+            )
+        return stats
+
+    # ---- HF interop -----------------------------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, model: Any) -> GPT:
+        """The lnblocks GPT equal to a ``GPT2LMHeadModel`` or a Llama-shaped ``*ForCausalLM`` (Llama, Mistral, Qwen2,
+        Qwen3), with its weights copied; see ``lnblocks.models.hf_convert``."""
+        from lnblocks.models.hf_convert import from_hf
+
+        return from_hf(model)
+
+    def to_hf(self, family: str | None = None) -> Any:
+        """The ``transformers`` model equal to this one (``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``,
+        ``"qwen3"``; None picks gpt2 or llama from the config), with the weights copied."""
+        from lnblocks.models.hf_convert import to_hf
+
+        return to_hf(self, family)

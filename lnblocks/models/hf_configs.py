@@ -1,0 +1,254 @@
+"""Config translation between ``transformers`` configs and ``GPTConfig`` (GPT-2 and the Llama-shaped families).
+
+``config_from_hf`` is the single statement of what each HF family *is* in lnblocks terms. ``hf_config`` goes the
+other way; ``to_hf`` then checks the round trip ``config_from_hf(hf_config(cfg)) == cfg`` field by field, so every
+option an HF family cannot express is reported by name instead of exported silently wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
+from lnblocks.models.config import GPTConfig
+from lnblocks.norms import LayerNormSpec, RMSNormSpec
+
+LLAMA_LIKE: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES: tuple[str, ...] = ("gpt2", *LLAMA_LIKE)
+
+# HF activation name -> lnblocks MLP activation (the same function; gelu_new's python tanh formula and F.gelu's
+# tanh kernel agree to float rounding).
+GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+GPT2_ACTS_BACK = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+LLAMA_ACTS = {"silu": "swiglu", "gelu": "geglu"}
+LLAMA_ACTS_BACK = {v: k for k, v in LLAMA_ACTS.items()}
+
+
+def family_of(hf_config: Any) -> str:
+    family = getattr(hf_config, "model_type", None)
+    if family not in FAMILIES:
+        raise ValueError(f"unsupported model_type {family!r}; lnblocks converts {list(FAMILIES)}")
+    return family
+
+
+def _gpt2_to_lnblocks(c: Any) -> GPTConfig:
+    if getattr(c, "add_cross_attention", False):
+        raise ValueError("GPT-2 with add_cross_attention=True has no lnblocks equivalent (decoder-only blocks)")
+    if c.activation_function not in GPT2_ACTS:
+        raise ValueError(f"GPT-2 activation_function {c.activation_function!r}; supported: {list(GPT2_ACTS)}")
+    head_dim = c.n_embd // c.n_head
+    base = head_dim**-0.5 if c.scale_attn_weights else 1.0
+
+    def block(i: int) -> BlockConfig:
+        scale = base / (i + 1) if c.scale_attn_by_inverse_layer_idx else base
+        return BlockConfig(
+            dim=c.n_embd,
+            placement="pre",
+            norm=LayerNormSpec(eps=c.layer_norm_epsilon),
+            attention=AttentionConfig(
+                n_heads=c.n_head, dropout=c.attn_pdrop, scale=None if scale == head_dim**-0.5 else scale
+            ),
+            mlp=MLPConfig(activation=GPT2_ACTS[c.activation_function], hidden_dim=c.n_inner or 4 * c.n_embd),
+            dropout=c.resid_pdrop,
+        )
+
+    return GPTConfig(
+        vocab_size=c.vocab_size,
+        max_seq_len=c.n_positions,
+        n_layers=c.n_layer,
+        block=block,
+        positions="learned",
+        tie_weights=bool(c.tie_word_embeddings),
+        emb_dropout=c.embd_pdrop,
+    )
+
+
+def _rope_theta(c: Any) -> float:
+    params = getattr(c, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"rope_type {rope_type!r} is not supported; lnblocks implements the default RoPE only")
+    return float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
+
+
+def _llama_to_lnblocks(c: Any, family: str) -> GPTConfig:
+    if c.hidden_act not in LLAMA_ACTS:
+        raise ValueError(f"hidden_act {c.hidden_act!r}; supported: {list(LLAMA_ACTS)}")
+    theta = _rope_theta(c)
+    default_hd = c.hidden_size // c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or default_hd
+    bias = bool(getattr(c, "attention_bias", False))
+    qkv_bias, out_bias = {"qwen2": (True, False), "mistral": (False, False)}.get(family, (bias, bias))
+    norm = RMSNormSpec(eps=c.rms_norm_eps, cast="llama")
+    layer_types = getattr(c, "layer_types", None)
+
+    def window(i: int) -> int | None:
+        if family == "mistral":
+            return c.sliding_window
+        if family in ("qwen2", "qwen3") and layer_types is not None and layer_types[i] == "sliding_attention":
+            return c.sliding_window
+        return None
+
+    def block(i: int) -> BlockConfig:
+        return BlockConfig(
+            dim=c.hidden_size,
+            placement="pre",
+            norm=norm,
+            attention=AttentionConfig(
+                n_heads=c.num_attention_heads,
+                n_kv_heads=c.num_key_value_heads if c.num_key_value_heads != c.num_attention_heads else None,
+                head_dim=head_dim if head_dim != default_hd else None,
+                dropout=float(c.attention_dropout),
+                qkv_bias=qkv_bias,
+                out_bias=out_bias,
+                sliding_window=window(i),
+            ),
+            mlp=MLPConfig(
+                activation=LLAMA_ACTS[c.hidden_act],
+                hidden_dim=c.intermediate_size,
+                bias=bool(getattr(c, "mlp_bias", False)) if family == "llama" else False,
+            ),
+            qk_norm=norm if family == "qwen3" else None,
+        )
+
+    return GPTConfig(
+        vocab_size=c.vocab_size,
+        max_seq_len=c.max_position_embeddings,
+        n_layers=c.num_hidden_layers,
+        block=block,
+        positions="rope",
+        rope_theta=theta,
+        tie_weights=bool(c.tie_word_embeddings),
+    )
+
+
+def config_from_hf(hf_config: Any) -> GPTConfig:
+    """The ``GPTConfig`` whose model computes what the HF model of ``hf_config`` computes."""
+    family = family_of(hf_config)
+    return _gpt2_to_lnblocks(hf_config) if family == "gpt2" else _llama_to_lnblocks(hf_config, family)
+
+
+# ---- lnblocks -> HF ---------------------------------------------------------------------------------------------
+def _token_ids(vocab_size: int) -> dict[str, Any]:
+    # HF warns when the default special ids fall outside a small vocabulary; leave them unset there.
+    return {} if vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+
+
+def hf_config(transformers: Any, cfg: GPTConfig, family: str) -> Any:
+    """An HF config with the shapes and constants of ``cfg`` (validity is checked by ``config_diff``)."""
+    b = cfg.layers[0]
+    eps = getattr(b.norm, "eps", None)
+    if family == "gpt2":
+        if b.mlp.activation not in GPT2_ACTS_BACK:
+            raise ValueError(f"cannot export to gpt2: mlp activation {b.mlp.activation!r} (gpt2 takes a plain MLP)")
+        scales = [x.attention.scale if x.attention.scale is not None else x.head_dim**-0.5 for x in cfg.layers]
+        inverse = (
+            len(scales) > 1
+            and scales[1] != scales[0]
+            and all(math.isclose(sc * (i + 1), scales[0]) for i, sc in enumerate(scales))
+        )  # GPT-2's scale_attn_by_inverse_layer_idx
+        return transformers.GPT2Config(
+            scale_attn_weights=scales[0] != 1.0,
+            scale_attn_by_inverse_layer_idx=inverse,
+            vocab_size=cfg.vocab_size,
+            n_positions=cfg.max_seq_len,
+            n_embd=b.dim,
+            n_layer=cfg.n_layers,
+            n_head=b.attention.n_heads,
+            n_inner=b.mlp_hidden_dim,
+            activation_function=GPT2_ACTS_BACK[b.mlp.activation],
+            resid_pdrop=b.dropout,
+            embd_pdrop=cfg.emb_dropout,
+            attn_pdrop=b.attention.dropout,
+            layer_norm_epsilon=eps if eps is not None else 1e-5,
+            tie_word_embeddings=cfg.tie_weights,
+            **_token_ids(cfg.vocab_size),
+        )
+    if b.mlp.activation not in LLAMA_ACTS_BACK:
+        raise ValueError(f"cannot export to {family}: mlp activation {b.mlp.activation!r} (needs swiglu or geglu)")
+    windows = [x.attention.sliding_window for x in cfg.layers]
+    window = next((w for w in windows if w is not None), None)
+    kwargs: dict[str, Any] = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": b.dim,
+        "intermediate_size": b.mlp_hidden_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": b.attention.n_heads,
+        "num_key_value_heads": b.attention.kv_heads,
+        "head_dim": b.head_dim,
+        "hidden_act": LLAMA_ACTS_BACK[b.mlp.activation],
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": eps if eps is not None else 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_dropout": b.attention.dropout,
+        "tie_word_embeddings": cfg.tie_weights,
+        **_token_ids(cfg.vocab_size),
+    }
+    if family in ("llama", "qwen3"):
+        kwargs["attention_bias"] = b.attention.qkv_bias or b.attention.out_bias
+    if family == "llama":
+        kwargs["mlp_bias"] = b.mlp.bias
+    if family == "mistral":
+        kwargs["sliding_window"] = window
+    if family in ("qwen2", "qwen3"):
+        kwargs["use_sliding_window"] = window is not None
+        kwargs["sliding_window"] = window
+        kwargs["layer_types"] = ["sliding_attention" if w is not None else "full_attention" for w in windows]
+        if window is not None:
+            kwargs["max_window_layers"] = 0
+    config_cls = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }[family]
+    return config_cls(**kwargs)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: d}
+
+
+# Fields that change nothing an HF model computes in fp32 (backends), or that export exactly by zero-filling.
+_IGNORED = ("attention.backend", "norm.backend", "norm.residual_in_fp32", "qk_norm.backend", "qk_norm.residual_in_fp32")
+_ZERO_FILLED = ("attention.qkv_bias", "attention.out_bias", "mlp.bias")
+
+
+def _canonical(b: BlockConfig) -> dict[str, Any]:
+    d = _flatten(b.to_dict())
+    d["attention.head_dim"] = b.head_dim
+    d["attention.n_kv_heads"] = b.attention.kv_heads
+    d["mlp.hidden_dim"] = b.mlp_hidden_dim
+    d["attention.scale"] = b.attention.scale if b.attention.scale is not None else b.head_dim**-0.5
+    for key in ("norm.cast", "qk_norm.cast"):
+        if d.get(key) == "fp32":
+            d[key] = "llama"  # identical math in fp32; in half precision they differ by one rounding
+    for key in _IGNORED:
+        d.pop(key, None)
+    return d
+
+
+def config_diff(expected: GPTConfig, actual: GPTConfig, family: str) -> list[str]:
+    """Human-readable differences between what ``family`` can express and ``actual``."""
+    problems = []
+    for name in ("vocab_size", "max_seq_len", "n_layers", "positions", "tie_weights", "emb_dropout"):
+        if getattr(expected, name) != getattr(actual, name):
+            problems.append(f"{name}={getattr(actual, name)!r} ({family} needs {getattr(expected, name)!r})")
+    if expected.positions == "rope" and expected.rope_theta != actual.rope_theta:
+        problems.append(f"rope_theta={actual.rope_theta!r} ({family} needs {expected.rope_theta!r})")
+    if expected.uses_final_norm != actual.uses_final_norm:
+        problems.append(f"final norm {actual.uses_final_norm} ({family} needs {expected.uses_final_norm})")
+    for i, (e, a) in enumerate(zip(expected.layers, actual.layers)):
+        de, da = _canonical(e), _canonical(a)
+        for key in sorted(set(de) | set(da)):
+            ve, va = de.get(key), da.get(key)
+            if ve == va or (key in _ZERO_FILLED and ve is True and va is False):
+                continue
+            problems.append(f"layer {i} {key}={va!r} ({family} needs {ve!r})")
+    return problems

@@ -1,0 +1,123 @@
+"""BlockConfig validation (every bad input is a ValueError/TypeError naming the option) and the MLP variants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lnblocks import Block, BlockConfig
+from lnblocks.blocks import MLP, AttentionConfig, MLPConfig
+from lnblocks.norms import LayerNormSpec, RMSNormSpec
+from tests.blocks.block_helpers import randomize_
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"placement": "prenorm"}, ValueError, r"unknown placement 'prenorm'; choices: \['pre', 'post'"),
+        ({"norm": "batchnorm"}, ValueError, r"unknown norm kind 'batchnorm'; choices: \['layernorm'"),
+        ({"norm": {"kind": "rmsnorm", "gain": 2}}, ValueError, r"unknown option\(s\) \['gain'\]"),
+        ({"dim": 30, "attention": {"n_heads": 4}}, ValueError, r"dim \(30\) must be divisible by n_heads \(4\)"),
+        ({"attention": {"n_heads": 4, "n_kv_heads": 3}}, ValueError, r"n_kv_heads \(3\) must divide n_heads \(4\)"),
+        ({"attention": {"heads": 4}}, ValueError, r"unknown AttentionConfig option\(s\) \['heads'\]"),
+        (
+            {"attention": {"backend": "xformers"}},
+            ValueError,
+            r"backend must be one of \['sdpa', 'flash_attn', 'eager'\]",
+        ),
+        ({"attention": {"causal": False, "sliding_window": 4}}, ValueError, "sliding_window needs causal=True"),
+        ({"attention": {"dropout": 1.5}}, ValueError, r"dropout must be in \[0, 1\)"),
+        ({"attention": {"n_heads": 0}}, ValueError, "n_heads must be >= 1"),
+        ({"attention": {"n_heads": 2.0}}, TypeError, "n_heads must be an int"),
+        ({"attention": "sdpa"}, TypeError, "attention must be an AttentionConfig or a dict"),
+        ({"mlp": {"activation": "tanh"}}, ValueError, r"activation must be one of \['gelu', 'gelu_tanh'"),
+        ({"qk_norm": "dyt"}, ValueError, r"qk_norm must be None or one of \['rmsnorm', 'layernorm'\]"),
+        ({"shared_norm": True}, ValueError, "shared_norm=True needs placement='parallel'"),
+        ({"deepnorm_alpha": 2.0}, ValueError, "deepnorm_alpha needs placement='deepnorm'"),
+        ({"placement": "post", "depth_scaled_norm": True}, ValueError, "placement='post' has none"),
+        (
+            {"placement": "reordered", "norm": {"kind": "rmsnorm", "residual_in_fp32": True}},
+            ValueError,
+            "no input norm to fuse it into",
+        ),
+        ({"dropout": -0.1}, ValueError, "dropout must be in"),
+        ({"rezero": 1}, TypeError, "rezero must be a bool"),
+    ],
+)
+def test_bad_block_config(options: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        BlockConfig(**options)
+
+
+def test_from_dict_rejects_unknown_keys_and_builds_nested_configs() -> None:
+    with pytest.raises(ValueError, match=r"unknown BlockConfig option\(s\) \['placment'\]"):
+        BlockConfig.from_dict({"placment": "post"})
+    cfg = BlockConfig.from_dict(
+        {"dim": 48, "placement": "sandwich", "norm": {"kind": "rmsnorm", "eps": 1e-6}, "attention": {"n_heads": 6}}
+    )
+    assert cfg.norm == RMSNormSpec(eps=1e-6)
+    assert cfg.attention == AttentionConfig(n_heads=6) and cfg.head_dim == 8 and cfg.mlp_hidden_dim == 192
+    assert BlockConfig.from_dict(cfg.to_dict()) == cfg  # round trip through the YAML form
+    assert cfg.replace(placement="post").placement == "post"
+    with pytest.raises(ValueError, match="unknown BlockConfig option"):
+        cfg.replace(nrom="rmsnorm")
+    assert BlockConfig(norm="bert").norm == LayerNormSpec(eps=1e-12)  # presets work as norms
+
+
+def test_block_rejects_bad_layer_index() -> None:
+    with pytest.raises(ValueError, match="0 <= layer_idx < n_layers"):
+        Block(BlockConfig(), layer_idx=4, n_layers=4)
+    with pytest.raises(TypeError, match="config must be a BlockConfig or a dict"):
+        Block("pre")
+    assert isinstance(Block({"placement": "post"}).attn_post_norm, torch.nn.Module)
+
+
+@pytest.mark.parametrize(
+    ("activation", "act"),
+    [
+        ("gelu", lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))),
+        ("gelu_tanh", lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))),
+        ("relu", lambda x: x.clamp_min(0)),
+        ("silu", lambda x: x * torch.sigmoid(x)),
+    ],
+)
+@pytest.mark.parametrize("bias", [True, False])
+def test_mlp_plain(activation: str, act, bias: bool) -> None:
+    mlp = randomize_(MLP(16, MLPConfig(activation=activation, hidden_dim=24, bias=bias)))
+    x = torch.randn(3, 16, dtype=torch.float64)
+    mlp.double()
+    expected = F.linear(act(F.linear(x, mlp.fc1.weight, mlp.fc1.bias)), mlp.fc2.weight, mlp.fc2.bias)
+    torch.testing.assert_close(mlp(x), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("activation", "act"), [("swiglu", F.silu), ("geglu", F.gelu)])
+def test_mlp_gated(activation: str, act) -> None:
+    """SwiGLU/GeGLU (Shazeer 2020): fc2(act(x W_gate) * (x W_up)); fc1 holds [gate; up]."""
+    mlp = randomize_(MLP(16, MLPConfig(activation=activation, hidden_dim=24, bias=False))).double()
+    assert mlp.fc1.weight.shape == (48, 16)
+    gate, up = mlp.split_fc1(mlp.fc1.weight)
+    x = torch.randn(3, 16, dtype=torch.float64)
+    torch.testing.assert_close(mlp(x), F.linear(act(x @ gate.T) * (x @ up.T), mlp.fc2.weight))
+    with pytest.raises(ValueError, match="split_fc1 needs a gated activation"):
+        MLP(16, MLPConfig()).split_fc1(torch.zeros(64, 16))
+
+
+def test_block_matrices_by_role() -> None:
+    blk = Block(BlockConfig(dim=32, attention={"n_heads": 4, "n_kv_heads": 2}, mlp={"activation": "swiglu"}))
+    m = blk.matrices()
+    assert {k: tuple(v.shape) for k, v in m.items()} == {
+        "W_Q": (32, 32),
+        "W_K": (16, 32),
+        "W_V": (16, 32),
+        "W_O": (32, 32),
+        "W_1": (128, 32),
+        "W_3": (128, 32),
+        "W_2": (32, 128),
+    }
+    with pytest.raises(ValueError, match="no gradients yet"):
+        blk.matrices(grad=True)
+    blk(torch.randn(1, 3, 32)).sum().backward()
+    assert torch.equal(blk.matrices(grad=True)["W_V"], blk.attn.qkv.weight.grad[48:])
