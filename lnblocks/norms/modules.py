@@ -88,28 +88,36 @@ class Norm(nn.Module):
         return self.spec.backend
 
     # ---- backend choice -------------------------------------------------------------------------------------
-    def backend_for(self, x: Tensor) -> str:
-        """The backend a call on ``x`` runs: ``"torch"`` or ``"triton"``; raises if ``"triton"`` cannot run."""
+    def backend_for(self, x: Tensor, residual: Tensor | None = None) -> str:
+        """The backend a call on ``x`` (and ``residual``) runs: ``"torch"`` or ``"triton"``; raises if ``"triton"``
+        was asked for and cannot run."""
         if self.spec.backend == "torch" or (self.spec.backend == "auto" and not x.is_cuda):
             return "torch"
-        reason = self._triton_unavailable_reason(x)
+        reason = self._triton_unavailable_reason(x, residual)
         if self.spec.backend == "triton":
             if reason is not None:
                 raise ValueError(f"backend='triton' cannot run here: {reason}. Use backend='auto' or 'torch'.")
             return "triton"
         return "triton" if reason is None else "torch"
 
-    def _triton_unavailable_reason(self, x: Tensor) -> str | None:
+    def _triton_unavailable_reason(self, x: Tensor, residual: Tensor | None) -> str | None:
         if self.spec.kind not in _FUSED_KINDS:
             return f"there is no fused kernel for norm kind {self.spec.kind!r}"
         from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
 
-        return unavailable_reason(self.spec, x)
+        reason = unavailable_reason(self.spec, x)
+        if reason is None and residual is not None:
+            reason = unavailable_reason(self.spec, residual)
+            reason = None if reason is None else f"residual: {reason.replace('x is', 'it is', 1)}"
+        for name, p in self.named_parameters():
+            if reason is None and p.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+                reason = f"{name} is {p.dtype}; the kernels take float16, bfloat16 or float32 parameters"
+        return reason
 
     # ---- forward ---------------------------------------------------------------------------------------------
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         self._check_inputs(x, residual)
-        backend = self.backend_for(x)
+        backend = self.backend_for(x, residual)
         if not torch.compiler.is_compiling():
             self.last_backend = backend
         if backend == "triton":
@@ -406,7 +414,7 @@ class NoNorm(Norm):
     def from_spec(cls, spec: NoNormSpec, normalized_shape: int | Sequence[int] | None, **factory: Any) -> NoNorm:
         return cls(normalized_shape, residual_in_fp32=spec.residual_in_fp32, backend=spec.backend, **factory)
 
-    def backend_for(self, x: Tensor) -> str:
+    def backend_for(self, x: Tensor, residual: Tensor | None = None) -> str:
         return "torch"  # nothing to fuse: identity has no kernel, whatever the backend option says
 
     def _normalize(self, x: Tensor) -> Tensor:

@@ -122,3 +122,11 @@ def test_triton_backend_without_a_runnable_kernel_is_a_clear_error(monkeypatch: 
         lnblocks.LayerNorm(8, backend="triton")(torch.randn(2, 8))
     with pytest.raises(ValueError, match="no fused kernel for norm kind 'dyt'"):
         lnblocks.DyT(8, backend="triton")(torch.randn(2, 8))
+
+
+def test_triton_backend_checks_parameter_and_residual_dtypes() -> None:
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"cannot run here: weight is torch\.float64"):
+        lnblocks.RMSNorm(8, backend="triton", dtype=torch.float64)(x)
+    with pytest.raises(ValueError, match=r"cannot run here: residual: it is torch\.float64"):
+        lnblocks.RMSNorm(8, backend="triton")(x, residual=x.double())

@@ -1,0 +1,157 @@
+"""Public functional API of the fused kernels: ``fused_add_norm`` (LayerNorm/RMSNorm, residual and dropout fused)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lnblocks.kernels import interpreter_enabled, ops
+from lnblocks.kernels.autograd import FusedAddNormFunction
+from lnblocks.kernels.plan import make_plan
+from lnblocks.norms.spec import NORM_PRESETS, LayerNormSpec, NormSpec, RMSNormSpec, norm_spec
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = "float16, bfloat16 or float32"
+_DEFAULT_SPEC = LayerNormSpec()
+_NAMED_SPECS = {"layernorm": _DEFAULT_SPEC, "rmsnorm": RMSNormSpec(), **NORM_PRESETS}
+
+
+def _resolve_spec(spec: NormSpec | str | dict[str, Any] | None) -> LayerNormSpec | RMSNormSpec:
+    if spec is None:
+        spec = _DEFAULT_SPEC
+    elif isinstance(spec, str) and spec.lower() in _NAMED_SPECS:
+        spec = _NAMED_SPECS[spec.lower()]  # a plain lookup: traceable by torch.compile
+    elif not isinstance(spec, NormSpec):
+        spec = norm_spec(spec)
+    if not isinstance(spec, (LayerNormSpec, RMSNormSpec)):
+        raise ValueError(f"spec: the fused kernels run 'layernorm' and 'rmsnorm', got kind {spec.kind!r}")
+    return spec
+
+
+def _check_tensor(name: str, t: object, device: torch.device | None = None) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name} must be {_DTYPE_NAMES} for the fused kernels, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device} (the device of x), got {t.device}")
+
+
+def _check_device(x: Tensor) -> None:
+    if not x.is_cuda and not interpreter_enabled():
+        raise ValueError(
+            f"x is on {x.device.type}: the Triton kernels run on CUDA tensors, or on CPU only under TRITON_INTERPRET=1"
+        )
+
+
+def _as_rows(t: Tensor, n: int) -> Tensor:
+    """A (M, N) view of ``t`` with unit column stride (copied only when no such view exists)."""
+    t2 = t.reshape(-1, n)
+    return t2 if (t2.stride(-1) == 1 or n == 1) else t2.contiguous()
+
+
+def _seed_tensor(seed: int | Tensor | None, device: torch.device) -> Tensor:
+    if seed is None:
+        return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+    if isinstance(seed, Tensor):
+        if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool or seed.numel() != 1:
+            raise TypeError(f"seed must be an int or a one-element integer tensor, got {seed.dtype} {list(seed.shape)}")
+        return seed.reshape(1).to(device=device, dtype=torch.int64)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, a one-element integer tensor or None, got {type(seed).__name__}")
+    return torch.tensor([seed], dtype=torch.int64, device=device)
+
+
+def fused_add_norm(
+    x: Tensor,
+    residual: Tensor | None = None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    spec: NormSpec | str | dict[str, Any] | None = None,
+    *,
+    normalized_shape: int | Sequence[int] | None = None,
+    dropout_p: float = 0.0,
+    seed: int | Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    inplace_backward: bool = False,
+    max_block_n: int | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """LayerNorm or RMSNorm of ``dropout(x) + residual`` in one Triton kernel, forward and backward.
+
+    Returns ``y`` without a residual, else ``(y, new_residual)`` with ``new_residual = dropout(x) + residual`` (fp32
+    when ``spec.residual_in_fp32``, else type promotion) and ``y = norm(new_residual)`` computed on the rounded new
+    residual: the pre-norm block's hot path (flash-attn's ``layer_norm_fn(prenorm=True)``). Without dropout the
+    results are those of ``lnblocks.norms`` modules with the same spec (eager), up to fp32 reduction order.
+
+    - ``spec``: a ``LayerNormSpec``/``RMSNormSpec``, kind/preset name or config dict (default ``LayerNormSpec()``);
+      its eps, zero-centred weight (``1 + w`` in fp32), HF cast order and ``residual_in_fp32`` apply.
+    - ``weight``/``bias``: optional, shaped ``normalized_shape`` (default: the weight's shape, else ``x.shape[-1:]``),
+      fp32 or half; gradients come back in their dtypes.
+    - ``dropout_p``: dropout on ``x`` (the branch output) before the add, scaled by ``1 / (1 - p)``; the mask is a
+      function of ``seed`` (int, one-element int tensor, or None = drawn from torch's generator) and the element's
+      (row, column), recomputed in the backward. See ``dropout_mask``.
+    - ``out_dtype``: dtype of ``y`` (default: what the eager module returns).
+    - ``inplace_backward``: write dx into the incoming gradient of ``y`` to save memory. Only safe when nothing
+      else reads that gradient (Liger#370: it corrupted Gemma2), hence off by default.
+    - ``max_block_n``: widest row held in registers (power of two; testing and tuning knob).
+    """
+    spec = _resolve_spec(spec)
+    _check_tensor("x", x)
+    _check_device(x)
+    if normalized_shape is None:
+        normalized_shape = tuple(weight.shape) if isinstance(weight, Tensor) else tuple(x.shape[-1:])
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or x.dim() < k or tuple(x.shape[-k:]) != shape:
+        raise ValueError(f"x: expected trailing dimension(s) {shape} (normalized_shape), got shape {tuple(x.shape)}")
+    n = math.prod(shape)
+    if residual is not None:
+        _check_tensor("residual", residual, x.device)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            _check_tensor(name, t, x.device)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {tuple(t.shape)}")
+    if weight is not None and not spec.elementwise_affine:
+        raise ValueError("weight: the spec has elementwise_affine=False, so no weight may be passed")
+    if bias is not None and (spec.kind == "rmsnorm" or not spec.elementwise_affine or not spec.bias):
+        raise ValueError(f"bias: not allowed with this spec ({spec.kind}, bias disabled), got a tensor")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if out_dtype is not None and out_dtype not in KERNEL_DTYPES:
+        raise TypeError(f"out_dtype must be {_DTYPE_NAMES} or None, got {out_dtype}")
+    if not isinstance(inplace_backward, bool):
+        raise TypeError(f"inplace_backward must be a bool, got {type(inplace_backward).__name__}")
+    compiling = torch.compiler.is_compiling()
+    plan_fn = make_plan.__wrapped__ if compiling else make_plan  # dynamo traces the body, not the cache
+    plan = plan_fn(
+        spec, x.dtype, None if residual is None else residual.dtype, None if weight is None else weight.dtype, out_dtype
+    )
+    args = (
+        _as_rows(x, n),
+        None if residual is None else _as_rows(residual, n),
+        None if weight is None else weight.reshape(-1).contiguous(),
+        None if bias is None else bias.reshape(-1).contiguous(),
+        _seed_tensor(seed, x.device) if dropout_p > 0 else None,
+        plan.eps,
+        plan.is_rms,
+        spec.zero_centered,
+        plan.round_mode,
+        float(dropout_p),
+        plan.residual_dtype or x.dtype,
+        plan.out_dtype,
+        int(max_block_n or 0),
+        inplace_backward,
+    )
+    if compiling:  # an opaque custom op: no graph break
+        y, new_residual, _mean, _rstd = ops.norm_fwd(*args)
+    else:  # eager: the same kernels without the op dispatcher's per-call overhead
+        y, new_residual = FusedAddNormFunction.apply(*args)
+    y = y.view(x.shape)
+    return y if residual is None else (y, new_residual.view(x.shape))

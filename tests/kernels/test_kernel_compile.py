@@ -1,0 +1,166 @@
+"""The kernels inside ``torch.compile(fullgraph=True)`` (custom ops with fake impls: no graph break), the ops'
+registration checked by ``torch.library.opcheck``, and the kernels compiled for sm_90 without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from kernel_helpers import DEVICE
+from torch import nn
+
+from lnblocks.kernels import ops
+from lnblocks.kernels.functional import fused_add_norm
+from lnblocks.norms import build_norm
+from lnblocks.norms.spec import RMSNormSpec
+
+N = 32
+
+
+class PreNormStack(nn.Module):
+    """Two pre-norm residual steps with the fused add+norm, as a GPT block stack uses it."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(build_norm(kind, N, backend="triton") for _ in range(2))
+        self.mlps = nn.ModuleList(nn.Linear(N, N) for _ in range(2))
+
+    def forward(self, x):
+        h, residual = self.norms[0](x), x
+        for norm, mlp in zip(self.norms[1:], self.mlps):
+            h, residual = norm(mlp(h), residual=residual)
+        return self.mlps[-1](h) + residual
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "llama"])
+def test_compiled_fullgraph_matches_eager(kind: str) -> None:
+    torch.use_deterministic_algorithms(False)  # Inductor's CPU codegen does not need the poisoned allocator
+    model = PreNormStack(kind).to(DEVICE)
+    x = torch.randn(2, 3, N, device=DEVICE)
+    eager_out = model(x)
+    eager_grads = torch.autograd.grad(eager_out.square().sum(), list(model.parameters()))
+    compiled = torch.compile(model, fullgraph=True)  # raises on any graph break
+    out = compiled(x)
+    grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_functional_with_dropout_matches_eager() -> None:
+    torch.use_deterministic_algorithms(False)
+    x, r = torch.randn(4, N, device=DEVICE, requires_grad=True), torch.randn(4, N, device=DEVICE)
+    w = torch.randn(N, device=DEVICE, requires_grad=True)
+    seed = torch.tensor([123], device=DEVICE)
+
+    def f(x, r, w, seed):
+        y, z = fused_add_norm(x, r, w, None, RMSNormSpec(eps=1e-6), dropout_p=0.2, seed=seed)
+        return y.sum() + z.square().sum()
+
+    eager = f(x, r, w, seed)
+    g_eager = torch.autograd.grad(eager, [x, w])
+    out = torch.compile(f, fullgraph=True)(x, r, w, seed)
+    g = torch.autograd.grad(out, [x, w])
+    torch.testing.assert_close(out, eager)
+    for a, b in zip(g, g_eager):
+        torch.testing.assert_close(a, b)
+
+
+def _fwd_args(residual: bool, dropout: bool):
+    def randn(*size):
+        return torch.randn(*size, device=DEVICE, requires_grad=True)
+
+    x, w, b = randn(5, N), randn(N), randn(N)
+    r = randn(5, N) if residual else None
+    seed = torch.tensor([9], device=DEVICE) if dropout else None
+    return (x, r, w, b, seed, 1e-5, False, False, 0, 0.1 if dropout else 0.0, torch.float32, torch.float32, 0, False)
+
+
+@pytest.mark.parametrize(("residual", "dropout"), [(False, False), (True, True)], ids=["plain", "residual_dropout"])
+def test_opcheck_forward_op(residual: bool, dropout: bool) -> None:
+    """Schema, fake impl (shapes, dtypes, strides) and autograd registration of lnblocks::norm_fwd."""
+    torch.use_deterministic_algorithms(False)
+    torch.library.opcheck(ops.norm_fwd, _fwd_args(residual, dropout))
+
+
+def test_opcheck_backward_ops() -> None:
+    x = torch.randn(5, N, device=DEVICE)
+    w = torch.randn(N, device=DEVICE)
+    _, _, mean, rstd = ops.norm_fwd(x, None, w, None, None, 1e-5, False, False, 0, 0.0, x.dtype, x.dtype, 0, False)
+    dy = torch.randn(5, N, device=DEVICE)
+    args = (dy, None, x, w, None, mean, rstd, False, False, 0, 0.0, True, x.dtype, None, True, True, 0)
+    torch.use_deterministic_algorithms(False)
+    torch.library.opcheck(ops.norm_bwd, args)
+    torch.library.opcheck(ops.norm_bwd_inplace, args)
+
+
+_AOT_SCRIPT = """
+import json, sys, torch
+from lnblocks.kernels.aot import compile_norm
+out = {}
+for name, kw in json.loads(sys.argv[1]):
+    kw = {k: getattr(torch, v[6:]) if isinstance(v, str) and v.startswith("torch.") else v for k, v in kw.items()}
+    r = compile_norm(**kw)
+    out[name] = [r.registers, r.stack_bytes]
+print(json.dumps(out))
+"""
+
+_AOT_CASES = [
+    ("fwd_ln_bf16_res", dict(direction="fwd", n=4096, dtype="torch.bfloat16")),
+    (
+        "fwd_rms_llama_fp16_dropout",
+        dict(
+            direction="fwd",
+            n=1000,
+            dtype="torch.float16",
+            is_rms=True,
+            round_mode=1,
+            dropout=True,
+            residual=False,
+            weight_dtype="torch.float16",
+        ),
+    ),
+    ("fwd_ln_fp32_looped", dict(direction="fwd", n=40000, dtype="torch.float32", zero_centered=True)),
+    ("bwd_ln_bf16_res", dict(direction="bwd", n=4096, dtype="torch.bfloat16")),
+    (
+        "bwd_rms_t5_dropout",
+        dict(
+            direction="bwd",
+            n=1000,
+            dtype="torch.bfloat16",
+            is_rms=True,
+            round_mode=2,
+            dropout=True,
+            residual=False,
+            weight_dtype="torch.bfloat16",
+        ),
+    ),
+    ("bwd_ln_fp32_looped_dropout", dict(direction="bwd", n=40000, dtype="torch.float32", dropout=True)),
+    ("bwd_rms_tiny_noaffine", dict(direction="bwd", n=1, dtype="torch.bfloat16", is_rms=True, weight_dtype=None)),
+]
+
+
+def test_kernels_compile_for_sm90_without_spills() -> None:
+    """Triton's real compiler + ptxas on the kernels (the interpreter checks neither types nor registers)."""
+    from lnblocks.kernels.aot import tools_available
+
+    if not tools_available():
+        pytest.skip("triton's bundled CUDA tools (cuobjdump) are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_SCRIPT, json.dumps(_AOT_CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resources = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(resources) == {name for name, _ in _AOT_CASES}
+    for name, (registers, stack) in resources.items():
+        assert 0 < registers <= 255, f"{name}: {registers} registers"
+        assert stack == 0, f"{name}: {stack} bytes of register spills"
