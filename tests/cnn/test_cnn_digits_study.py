@@ -1,0 +1,107 @@
+"""The digits study machinery at toy size (the real study is a command, not a test): config validation, one
+training run that learns, the CLI end to end with resumable run files, and the verdict rule on known numbers."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from lnblocks.cnn.digits_config import DigitsRun, DigitsStudyConfig
+from lnblocks.cnn.digits_report import markdown_table, summarize, verdict
+from lnblocks.cnn.digits_study import main, run_study
+from lnblocks.cnn.digits_train import load_digits_data, schedule, train_run
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"norms": ["batch", "group"], "batch_sizes": [2, 8], "seeds": [0], "epochs": 1, "min_steps": 1,
+        "max_train": 64, "widths": [8, 8]}  # fmt: skip
+
+
+def test_checked_in_config_is_the_default_and_validates() -> None:
+    assert DigitsStudyConfig.from_yaml(REPO / "configs" / "cnn_digits.yaml") == DigitsStudyConfig()
+    with pytest.raises(ValueError, match=r"unknown config keys \['batch_size'\]"):
+        DigitsStudyConfig.from_dict({"batch_size": 4})
+    with pytest.raises(ValueError, match="norms must be distinct names"):
+        DigitsStudyConfig(norms=("batch", "weightnorm"))
+    with pytest.raises(ValueError, match=r"gn_groups \(3\) must divide every width"):
+        DigitsStudyConfig(gn_groups=3)
+    with pytest.raises(ValueError, match="batch_sizes must be a non-empty list of ints >= 2"):
+        DigitsStudyConfig(batch_sizes=(1, 4))
+    with pytest.raises(ValueError, match="base_lr must be a number"):
+        DigitsStudyConfig(base_lr=-0.1)
+    quick = DigitsStudyConfig().quick()
+    assert quick.seeds == (0,) and quick.run_fingerprint() != DigitsStudyConfig().run_fingerprint()
+
+
+def test_schedule_keeps_epochs_and_tops_up_large_batches() -> None:
+    cfg = DigitsStudyConfig()
+    assert schedule(cfg, 1437, 2) == (3, 3 * 718)
+    assert schedule(cfg, 1437, 32) == (6, 6 * 44)  # 3 epochs would be 132 < min_steps=240 steps
+
+
+def test_one_run_learns_the_digits() -> None:
+    cfg = DigitsStudyConfig(epochs=3, min_steps=1, max_train=256)
+    data = load_digits_data(cfg)
+    assert data.x_train.shape == (256, 1, 8, 8) and data.x_test.shape == (360, 1, 8, 8)
+    assert abs(float(data.x_train.mean())) < 1e-5  # standardised with the training set's statistics
+    row = train_run(DigitsRun("batch", 16, 0, "t"), cfg, data)
+    assert row["steps"] == 3 * 16 and row["epochs"] == 3
+    assert row["test_acc"] > 60.0  # chance is 10%
+
+
+def test_cli_end_to_end_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "study"
+    assert main(["--config", str(config), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Wu & He (2018)" in printed and "4 runs trained, 0 reused" in printed
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["norm"], int(r["batch_size"])) for r in rows) == [
+        ("batch", 2), ("batch", 8), ("group", 2), ("group", 8)
+    ]  # fmt: skip
+    assert all(0.0 <= float(r["test_acc"]) <= 100.0 for r in rows)
+    assert (out / "accuracy_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (out / "report.md").read_text()
+    assert "| BatchNorm |" in report and "accuracy_vs_batch.png" in report
+    assert len(list((out / "runs").glob("*.json"))) == 4
+    again = run_study(DigitsStudyConfig.from_dict(TINY), out, progress=False)  # every run is reused
+    assert (again.trained, again.reused) == (0, 4)
+    assert again.verdict in report
+
+
+def _rows(accs: dict[tuple[str, int], list[float]]) -> list[dict]:
+    return [
+        {"norm": n, "batch_size": b, "seed": s, "test_acc": a, "steps": 100, "epochs": 5}
+        for (n, b), values in accs.items()
+        for s, a in enumerate(values)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bn_small", "gn_small", "expected"),
+    [
+        ([80.0, 82.0, 81.0], [97.0, 97.5, 97.2], "Wu & He (2018) reproduces at this scale"),
+        ([97.0, 97.8, 97.1], [97.0, 97.5, 97.2], "does not reproduce at this scale (BatchNorm does not fall"),
+        ([80.0, 82.0, 81.0], [90.0, 91.0, 90.5], "reproduces only in part"),
+        ([97.2, 97.2, 97.2], [90.0, 91.0, 90.5], "GroupNorm falls, BatchNorm does not"),
+        ([90.0, 99.0, 93.0], [97.0, 97.5, 97.2], "does not reproduce"),  # a 4.5 pp drop, but within seed noise
+    ],
+)
+def test_verdict_rule(bn_small: list[float], gn_small: list[float], expected: str) -> None:
+    large = [97.5, 97.8, 97.2]
+    cells = summarize(_rows({("batch", 2): bn_small, ("batch", 32): large, ("group", 2): gn_small,
+                             ("group", 32): large, ("batchrenorm", 2): [96.0, 96.0, 96.0]}))  # fmt: skip
+    text = verdict(cells)
+    assert expected in text
+    assert f"{sum(bn_small) / 3:.1f}%" in text and "BatchRenorm (Ioffe 2017) scores 96.0%" in text
+    assert "| BatchNorm | " in markdown_table(cells)
+
+
+def test_verdict_needs_both_norms() -> None:
+    cells = summarize(_rows({("batch", 2): [90.0], ("batch", 32): [97.0]}))
+    assert "cannot be assessed" in verdict(cells)
