@@ -35,9 +35,12 @@ def test_checked_in_config_is_the_default_and_validates() -> None:
 
 
 def test_schedule_keeps_epochs_and_tops_up_large_batches() -> None:
-    cfg = DigitsStudyConfig()
-    assert schedule(cfg, 1437, 2) == (3, 3 * 718)
-    assert schedule(cfg, 1437, 32) == (6, 6 * 44)  # 3 epochs would be 132 < min_steps=240 steps
+    cfg = DigitsStudyConfig()  # the default: equal epochs for every batch size
+    assert schedule(cfg, 1437, 2) == (5, 5 * 718)
+    assert schedule(cfg, 1437, 32) == (5, 5 * 44)
+    topped = DigitsStudyConfig(epochs=3, min_steps=240)
+    assert schedule(topped, 1437, 2) == (3, 3 * 718)
+    assert schedule(topped, 1437, 32) == (6, 6 * 44)  # 3 epochs would be 132 < min_steps=240 steps
 
 
 def test_one_run_learns_the_digits() -> None:
