@@ -74,9 +74,13 @@ class Norm(nn.Module):
         self.last_backend: str | None = None
 
     @classmethod
-    def from_spec(cls, spec: NormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> Norm:
-        """Build the module for ``spec`` (``factory``: ``device``/``dtype`` of the parameters)."""
-        raise NotImplementedError
+    def from_spec(cls, spec: NormSpec, normalized_shape: int | Sequence[int] | None, **factory: Any) -> Norm:
+        """Build the module for ``spec`` (``factory``: ``device``/``dtype`` of the parameters).
+
+        Every subclass's constructor takes its spec's fields as keyword options, so this serves them all.
+        """
+        options = {k: v for k, v in spec.to_dict().items() if k != "kind"}
+        return cls(normalized_shape, **options, **factory)
 
     def _register_vector(self, name: str, enabled: bool, factory: dict[str, Any]) -> None:
         # Registered as None when disabled, as torch.nn.LayerNorm does, so state_dict keys match torch's.
@@ -217,10 +221,6 @@ class LayerNorm(Norm):
         self._register_vector("bias", elementwise_affine and bias, factory)
         self.reset_parameters()
 
-    @classmethod
-    def from_spec(cls, spec: LayerNormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> LayerNorm:
-        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
-
     eps = property(lambda self: self.spec.eps)
     elementwise_affine = property(lambda self: self.spec.elementwise_affine)
     zero_centered = property(lambda self: self.spec.zero_centered)
@@ -270,10 +270,6 @@ class RMSNorm(Norm):
         factory = {"device": device, "dtype": dtype}
         self._register_vector("weight", elementwise_affine, factory)
         self.reset_parameters()
-
-    @classmethod
-    def from_spec(cls, spec: RMSNormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> RMSNorm:
-        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
 
     eps = property(lambda self: self.spec.eps)
     elementwise_affine = property(lambda self: self.spec.elementwise_affine)
@@ -335,10 +331,6 @@ class DyT(Norm):
         self._register_vector("bias", elementwise_affine and bias, factory)
         self.reset_parameters()
 
-    @classmethod
-    def from_spec(cls, spec: DyTSpec, normalized_shape: int | Sequence[int], **factory: Any) -> DyT:
-        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
-
     def reset_parameters(self) -> None:
         nn.init.constant_(self.alpha, self.spec.alpha_init)
         if self.weight is not None:
@@ -379,10 +371,6 @@ class ScaleNorm(Norm):
             self.register_buffer("scale", scale)
         self.reset_parameters()
 
-    @classmethod
-    def from_spec(cls, spec: ScaleNormSpec, normalized_shape: int | Sequence[int], **factory: Any) -> ScaleNorm:
-        return cls(normalized_shape, **{k: v for k, v in spec.to_dict().items() if k != "kind"}, **factory)
-
     def reset_parameters(self) -> None:
         init = self.spec.scale_init
         if init is None:
@@ -409,10 +397,6 @@ class NoNorm(Norm):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(normalized_shape, NoNormSpec(residual_in_fp32=residual_in_fp32, backend=backend))
-
-    @classmethod
-    def from_spec(cls, spec: NoNormSpec, normalized_shape: int | Sequence[int] | None, **factory: Any) -> NoNorm:
-        return cls(normalized_shape, residual_in_fp32=spec.residual_in_fp32, backend=spec.backend, **factory)
 
     def backend_for(self, x: Tensor, residual: Tensor | None = None) -> str:
         return "torch"  # nothing to fuse: identity has no kernel, whatever the backend option says
