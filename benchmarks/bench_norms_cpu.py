@@ -1,6 +1,6 @@
 """lnblocks norm modules against torch.nn and the HF classes on CPU, as time ratios measured in one run.
 
-    python benchmarks/bench_norms_cpu.py [--quick] [--json PATH]
+    python benchmarks/bench_norms_cpu.py [--threads N] [--rounds R] [--quick] [--json PATH]
 
 For each (rows M, hidden N, dtype) it times inference forward (``torch.inference_mode``) and a training
 forward+backward, interleaving the contenders round by round and reporting medians, then prints a markdown table
@@ -129,9 +129,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small shape, few rounds (a smoke run)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw numbers here")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    parser.add_argument("--rounds", type=int, default=None, help="timing rounds per contender (default 20)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     shapes = [(512, 1024)] if args.quick else [(4096, 1024), (1024, 4096), (256, 8192)]
-    rounds = 5 if args.quick else 30
+    rounds = args.rounds or (5 if args.quick else 20)
     dtypes = [torch.float32, torch.bfloat16]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds\n")
 

@@ -28,9 +28,11 @@ from lnblocks.norms.spec import (
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FUSED_KINDS = ("layernorm", "rmsnorm")
-# On CPU, without autograd, norms written as several eager ops (RMSNorm, DyT, ScaleNorm) run over blocks of rows of
-# about this many fp32 bytes so the intermediates stay in cache. Each row sees the same ops, so outputs are
-# bit-identical (see bench_norms_cpu.py). Not used when grads are recorded: blocking would reorder the weight-grad sum.
+# Single-threaded CPU inference of norms written as several eager ops (RMSNorm, DyT, ScaleNorm) runs over blocks of
+# rows of about this many fp32 bytes, so the intermediates stay in cache instead of being fresh multi-MB allocations.
+# Each row sees the same ops, so outputs are bit-identical. Measured in benchmarks/bench_norms_cpu.py: up to ~7x faster
+# in bf16 on one thread, but with 2+ threads the many small ops stall on OpenMP synchronisation, so it is off there.
+# Not used when grads are recorded either: blocking would reorder the weight-grad sum.
 CPU_BLOCK_BYTES = 1 << 20
 
 
@@ -140,11 +142,12 @@ class Norm(nn.Module):
         raise NotImplementedError
 
     def _normalize_rows(self, x: Tensor) -> Tensor:
-        """``_normalize``, over cache-sized blocks of rows on CPU inference where that is faster (same ops per row)."""
+        """``_normalize``, over cache-sized row blocks in single-threaded CPU inference (same ops per row)."""
         if (
             not self._row_blocks_on_cpu
             or x.device.type != "cpu"
             or torch.compiler.is_compiling()
+            or torch.get_num_threads() != 1
             or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
         ):
             return self._normalize(x)

@@ -100,9 +100,19 @@ def test_cpu_row_blocks_are_bit_identical(preset: str, dtype: torch.dtype, monke
     with torch.no_grad():
         assert torch.equal(ours(x), hf(x))
     blocks = []
-    monkeypatch.setattr(ours, "_normalize", lambda h: blocks.append(h.shape[0]) or type(ours)._normalize(ours, h))
+    monkeypatch.setattr(ours, "_normalize", lambda h: blocks.append(h.numel() // n) or type(ours)._normalize(ours, h))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
     with torch.inference_mode():
-        y = ours(x)
+        ours(x)
+    assert blocks == [50], "row blocks are for single-threaded CPU inference only"
+    blocks.clear()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            y = ours(x)
+    finally:
+        torch.set_num_threads(threads)
     assert blocks == [3] * 16 + [2], "the row-block path was not taken"
     assert torch.equal(y, hf(x)) and y.shape == (5, 10, n)
     y_hf, grads_hf = run_fwd_bwd(hf, x, g)
