@@ -1,0 +1,113 @@
+"""Pure functions behind the study's numbers: LR schedule, divergence detection, run classification, and the
+learning-rate sensitivity of Wortsman et al. 2023. No torch, so they are tested on hand-made tables."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+def lr_at(
+    step: int, lr: float, warmup: int, steps: int, schedule: str = "constant", min_lr_ratio: float = 0.0
+) -> float:
+    """Learning rate of 0-based ``step``: linear warmup ``lr * (step + 1) / warmup`` (Xiong et al. 2020, §3.2), then
+    ``"constant"``, ``"cosine"``/``"linear"`` decay from ``lr`` to ``min_lr_ratio * lr`` at ``steps - 1``, or
+    ``"inv_sqrt"`` ``lr * sqrt(max(warmup, 1) / (step + 1))`` (Vaswani et al. 2017)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    if schedule == "inv_sqrt":
+        return lr * math.sqrt(max(warmup, 1) / (step + 1))
+    span = max(steps - 1 - warmup, 1)
+    frac = min(max((step - warmup) / span, 0.0), 1.0)
+    lo = min_lr_ratio * lr
+    if schedule == "cosine":
+        return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * frac))
+    if schedule == "linear":
+        return lr - (lr - lo) * frac
+    raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
+
+
+@dataclass
+class DivergenceMonitor:
+    """Streaming divergence test: a non-finite loss diverges at once; a loss above ``initial + margin`` diverges
+    after ``patience`` consecutive such steps (a single spike is not a divergence). ``step`` is where it fired."""
+
+    margin: float = 3.0
+    patience: int = 10
+    initial: float | None = None
+    step: int | None = None
+    _streak: int = field(default=0, repr=False)
+
+    def update(self, step: int, loss: float) -> bool:
+        """Feed the loss of ``step``; True once the run has diverged."""
+        if self.step is not None:
+            return True
+        if not math.isfinite(loss):
+            self.step = step
+            return True
+        if self.initial is None:
+            self.initial = loss
+        self._streak = self._streak + 1 if loss > self.initial + self.margin else 0
+        if self._streak >= self.patience:
+            self.step = step
+        return self.step is not None
+
+
+def detect_divergence(losses: Sequence[float], margin: float = 3.0, patience: int = 10) -> int | None:
+    """The step at which ``DivergenceMonitor`` fires on ``losses`` (the first is the reference), or None."""
+    mon = DivergenceMonitor(margin=margin, patience=patience)
+    for step, loss in enumerate(losses):
+        if mon.update(step, float(loss)):
+            return mon.step
+    return None
+
+
+def classify(final_loss: float | None, diverged: bool, plateau: float, stuck_margin: float) -> str:
+    """``"diverged"``, ``"stuck"`` (final loss within ``stuck_margin`` of the context-free ``plateau``, or above
+    it) or ``"trained"``."""
+    if diverged or final_loss is None or not math.isfinite(final_loss):
+        return "diverged"
+    return "stuck" if final_loss > plateau - stuck_margin else "trained"
+
+
+def capped(loss: float | None, initial: float) -> float:
+    """``min(loss, initial)``, with a diverged (None / non-finite) loss counted as no progress (Wortsman et al.)."""
+    if loss is None or not math.isfinite(loss):
+        return initial
+    return min(loss, initial)
+
+
+def lr_sensitivity(losses: Mapping[float, float | None], initial: float) -> float:
+    """Wortsman et al. 2023's LR sensitivity: ``E_lr[min(l(lr), l0) - l*]`` with ``l* = min_lr min(l(lr), l0)``,
+    the mean over the (log-spaced) LR grid. 0 means insensitive -- or that no LR trained at all (check ``l*``)."""
+    if not losses:
+        raise ValueError("lr_sensitivity needs at least one (lr, loss) pair")
+    vals = [capped(v, initial) for v in losses.values()]
+    best = min(vals)
+    return sum(v - best for v in vals) / len(vals)
+
+
+def max_stable_lr(losses: Mapping[float, float | None], reference: float, tol: float = 0.1) -> float | None:
+    """The largest LR whose loss is within ``tol`` of ``reference`` (e.g. the best loss at that depth), or None
+    (reference/stability.md §8)."""
+    ok = [lr for lr, v in losses.items() if v is not None and math.isfinite(v) and v <= reference + tol]
+    return max(ok) if ok else None
+
+
+def mean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def log_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``log y`` against ``log x`` (e.g. last-layer gradient norm against depth)."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+    if len(pts) < 2:
+        return math.nan
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else math.nan

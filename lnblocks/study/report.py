@@ -1,0 +1,225 @@
+"""Build a study's report from ``OUT/runs/*.json`` alone: ``summary.csv``, ``plots/*.png`` and ``report.md``,
+and print the summary table. Rebuildable at any time with ``lnblocks study report OUT``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from lnblocks.study.analysis import (
+    Finding,
+    gradient_profile,
+    grouped,
+    run_row,
+    sensitivity_table,
+    warmup_table,
+    xiong_findings,
+)
+from lnblocks.study.grid import AnalysisConfig, lr_label
+from lnblocks.study.metrics import mean
+from lnblocks.study.runner import load_record, write_json_atomic
+
+MARK = {"trained": "", "stuck": " ✗", "diverged": " †"}
+
+
+def load_records(out_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Complete run records of the study in ``out_dir`` (those listed in ``study.json`` when it exists)."""
+    out = Path(out_dir)
+    manifest: dict[str, Any] = {}
+    if (out / "study.json").is_file():
+        manifest = json.loads((out / "study.json").read_text())
+    if manifest.get("run_ids"):
+        paths = [out / "runs" / f"{i}.json" for i in manifest["run_ids"]]
+    else:
+        paths = sorted((out / "runs").glob("*.json"))
+    records = [r for r in (load_record(p) for p in paths) if r is not None]
+    return records, manifest
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def lr_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: one row per (arch, depth, warmup), one column per LR: mean final loss over seeds, with ✗ when a
+    seed got stuck and † when one diverged."""
+    groups = grouped(rows)
+    lrs = sorted({r["lr"] for r in rows})
+    head = ["arch", "depth", "warmup", *(f"lr {lr_label(lr)}" for lr in lrs)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (arch, depth, warmup), by_lr in groups.items():
+        cells = []
+        for lr in lrs:
+            runs = by_lr.get(lr, [])
+            if not runs:
+                cells.append("")
+                continue
+            v = mean([r["final_loss"] for r in runs if r["final_loss"] is not None])
+            marks = "".join(sorted({MARK[r["outcome"]] for r in runs}))
+            cells.append(f"{_num(v, 2) if math.isfinite(v) else 'div'}{marks}")
+        lines.append(f"| {arch} | {depth} | {warmup} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cell(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if key.endswith("_lr") and value is not None:
+        return lr_label(value)
+    return _num(value)
+
+
+def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> list[str]:
+    lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(k, r[k]) for k, _ in cols) + " |")
+    return lines
+
+
+def _profile_table(records: list[dict[str, Any]]) -> list[str]:
+    lines = ["| arch | depth | ‖∇W_2‖ at init, layer 1 … L | last / first |", "|---|---|---|---|"]
+    for (arch, depth), p in gradient_profile(records).items():
+        lines.append(f"| {arch} | {depth} | {' '.join(f'{v:.3f}' for v in p['layers'])} | {p['ratio']:.2f} |")
+    return lines
+
+
+def write_summary_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def render_markdown(
+    manifest: dict[str, Any],
+    records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    findings: list[Finding],
+    plots: list[Path],
+    analysis: AnalysisConfig,
+) -> str:
+    name = manifest.get("name", "study")
+    n_div = sum(r["status"] == "diverged" for r in rows)
+    cfg = records[0]["config"]
+    ref = records[0]["reference"]
+    cpu = sum(r["cpu_s"] for r in rows)
+    lines = [f"# Study `{name}`", ""]
+    if manifest.get("description"):
+        lines += [manifest["description"].strip(), ""]
+    lines += [
+        f"{len(rows)} runs ({n_div} diverged), {cfg['train']['steps']} steps each, data `{cfg['data']['source']}` "
+        f"(V = {round(math.exp(ref['uniform']))}, "
+        f"T = {cfg['data']['seq_len']}, batch {cfg['data']['batch_size']}), total CPU time {cpu / 60:.1f} min. "
+        f"Final loss = the held-out {analysis.final_loss} loss at the end of training. Reference losses: uniform "
+        f"ln V = {ref['uniform']:.3f}, context-free (unigram) plateau = {ref['unigram']:.3f}"
+        + (f", entropy floor = {ref['floor']:.3f}" if ref.get("floor") else "")
+        + ". A run is *stuck* when its final"
+        f" loss is above plateau − {analysis.stuck_margin}, *diverged* when it stopped on a non-finite or exploding"
+        " loss, *trained* otherwise.",
+        "",
+        "## Findings",
+        "",
+    ]
+    for f in findings:
+        lines += [f"- **{f.title}: {f.status.upper()}.** {f.text}", ""]
+    lines += [
+        "## Final loss against learning rate",
+        "",
+        "Mean over seeds; ✗ some seed stuck, † some seed diverged.",
+        "",
+    ]
+    lines += [*lr_table(rows), ""]
+    lines += [
+        "## Learning-rate and warmup sensitivity",
+        "",
+        "LR sensitivity (Wortsman et al. 2023): mean over the LR grid of min(loss, initial loss) − best such "
+        "loss, averaged over seeds. Excess over depth best: the same mean taken against the best loss of any "
+        "arm at that depth. Max stable LR: the largest LR within "
+        f"{analysis.stable_tol} of that best loss.",
+        "",
+    ]
+    lines += _table(
+        sensitivity_table(rows, analysis),
+        [
+            ("arch", "arch"),
+            ("depth", "depth"),
+            ("warmup", "warmup"),
+            ("lr_sensitivity", "LR sensitivity"),
+            ("best_loss", "best loss"),
+            ("excess_over_depth_best", "excess over depth best"),
+            ("max_stable_lr", "max stable LR"),
+            ("failed", "failed runs"),
+            ("runs", "runs"),
+        ],
+    )
+    lines.append("")
+    wt = warmup_table(rows)
+    if wt:
+        lines += [
+            "Warmup sensitivity: final loss without warmup minus with it (mean over LRs and seeds; capped at "
+            "the initial loss), and the share of runs that failed (stuck or diverged) and that diverged.",
+            "",
+        ]
+        lines += _table(
+            wt,
+            [
+                ("arch", "arch"),
+                ("depth", "depth"),
+                ("warmup", "warmup steps"),
+                ("loss_change", "loss(no warmup) − loss(warmup)"),
+                ("fail_rate_no_warmup", "failed, no warmup"),
+                ("fail_rate_warmup", "failed, warmup"),
+                ("div_rate_no_warmup", "diverged, no warmup"),
+                ("div_rate_warmup", "diverged, warmup"),
+                ("pairs", "pairs"),
+            ],
+        )
+        lines.append("")
+    if gradient_profile(records):
+        lines += [
+            "## Gradient profile at initialization (Xiong et al. 2020, Fig. 3)",
+            "",
+            "Expected gradient: the gradient averaged over a few batches at init, then its Frobenius norm.",
+            "",
+        ]
+        lines += [*_profile_table(records), ""]
+    lines += ["## Plots", ""]
+    lines += [*(f"![{p.stem}](plots/{p.name})" for p in plots), ""]
+    lines += ["Every number above comes from `summary.csv` and `runs/*.json` (per-step losses, per-layer diagnostics)."]
+    return "\n".join(lines) + "\n"
+
+
+def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) -> int:
+    """Write ``summary.csv``, ``plots/`` and ``report.md`` into ``out_dir`` and print the summary; 1 if no runs."""
+    out = Path(out_dir)
+    records, manifest = load_records(out)
+    if not records:
+        print(f"no finished runs under {out / 'runs'}")
+        return 1
+    analysis = AnalysisConfig.from_dict(manifest.get("analysis"))
+    rows = [run_row(r, analysis) for r in records]
+    write_summary_csv(rows, out / "summary.csv")
+    findings = xiong_findings(rows, records, analysis)
+    made = []
+    if plots:
+        from lnblocks.study.plots import all_plots
+
+        made = all_plots(records, rows, out / "plots")
+    text = render_markdown(manifest, records, rows, findings, made, analysis)
+    tmp = out / ".report.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "report.md")
+    write_json_atomic(out / "findings.json", [f.__dict__ for f in findings])
+    if echo:
+        print("\n".join(lr_table(rows)))
+        for f in findings:
+            print(f"- {f.title}: {f.status.upper()}")
+        print(f"report: {out / 'report.md'}  summary: {out / 'summary.csv'}  plots: {out / 'plots'}")
+    return 0

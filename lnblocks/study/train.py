@@ -1,0 +1,225 @@
+"""One study run: build the ``GPT`` its config describes, train it, log diagnostics, return the run record.
+
+A run that diverges (non-finite loss, or a loss far above its start for several steps) stops early and comes back
+with ``status: "diverged"`` and the step: a result, not an exception. Under ``torchrun`` the same function trains
+with DistributedDataParallel: every rank draws the same global batch from the seeded generator and takes its
+slice, so a DDP run follows the single-process run up to float reduction order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lnblocks.study import diagnostics as diag
+from lnblocks.study.config import RunConfig, TrainConfig
+from lnblocks.study.data import build_source
+from lnblocks.study.metrics import DivergenceMonitor, lr_at
+
+RECORD_FORMAT = "lnblocks.study.run/1"
+PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in a ``torchrun`` job (world_size 1: not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str, dist: DistContext) -> torch.device:
+    """``"auto"``: CUDA (this rank's local GPU) when available, else CPU."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("train.device is 'cuda' but no CUDA device is available")
+    return torch.device("cuda", dist.local_rank if dist.enabled else torch.cuda.current_device())
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW / Adam / SGD from ``train.optimizer``; weight decay on matrices only (nanoGPT), never on norms,
+    biases or DyT's alpha."""
+    o = cfg.optimizer
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=o.momentum, foreach=True)
+    cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
+    return cls(groups, lr=cfg.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """JSON has no NaN/Inf: a non-finite number is stored as null."""
+    return None if x is None or not math.isfinite(x) else float(f"{x:.7g}")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any]) -> float:
+    """Mean cross-entropy (nats/token) over the fixed held-out batches."""
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast():
+            total = sum(float(model(x, y)[1]) for x, y in batches)
+    finally:
+        model.train(was_training)
+    return total / len(batches)
+
+
+def _progress(total: int, desc: str, position: int, show: bool) -> Any:
+    if not show:
+        return contextlib.nullcontext(None)
+    from lnblocks._optional import require
+
+    return require("tqdm").tqdm(total=total, desc=desc, position=position, leave=False, dynamic_ncols=True)
+
+
+def train_run(
+    run: RunConfig, *, dist: DistContext | None = None, show_progress: bool = True, position: int = 0
+) -> dict[str, Any]:
+    """Train ``run`` and return its record (a JSON-ready dict; see ``RECORD_FORMAT`` in the README)."""
+    from lnblocks.models import GPT
+
+    dist = dist or DistContext()
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    tc, dc, gc = run.train, run.data, run.diagnostics
+    device = resolve_device(tc.device, dist)
+    amp = torch.bfloat16 if tc.amp_dtype == "bfloat16" else None
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
+
+    if dc.batch_size % dist.world_size:
+        raise ValueError(f"data.batch_size ({dc.batch_size}) must be divisible by the world size ({dist.world_size})")
+    source = build_source(dc)
+    torch.manual_seed(tc.seed)  # the init
+    raw = GPT(run.model.gpt_config(source.vocab_size, dc.seq_len))
+    if run.model.qkv_init_gain != 1.0:
+        with torch.no_grad():
+            for blk in raw.blocks:
+                blk.attn.qkv.weight.mul_(run.model.qkv_init_gain)  # rows [W_Q; W_K; W_V]
+    raw = raw.to(device)
+    data_gen = torch.Generator().manual_seed(tc.seed)  # the training data order
+    probe_gen = torch.Generator().manual_seed(tc.seed + PROBE_SEED_OFFSET)
+    probe_x = source.batch(gc.probe_batch_size, probe_gen)[0].to(device)  # (Bp, T), fixed for the whole run
+    eval_set = [(x.to(device), y.to(device)) for x, y in source.eval_set()]
+
+    record: dict[str, Any] = {
+        "format": RECORD_FORMAT,
+        "id": run.run_id,
+        "labels": run.label_dict,
+        "config": run.to_dict(),
+        "reference": source.reference,
+        "model": {"params": raw.num_params(), "attention_backend": raw.blocks[0].attn.config.backend},
+    }
+    if gc.init_grad_batches and dist.is_main:  # before DDP wraps the model: plain local backward passes
+        batches = [
+            tuple(t.to(device) for t in source.batch(dc.batch_size, probe_gen)) for _ in range(gc.init_grad_batches)
+        ]
+        with autocast():
+            record["init_grad"] = diag.expected_grad(raw, batches)
+    model: nn.Module = raw
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = build_optimizer(raw, tc)
+    eval_curve = [(0, evaluate(raw, eval_set, autocast))]
+    monitor = DivergenceMonitor(margin=tc.divergence_margin, patience=tc.divergence_patience)
+    losses: list[float] = []
+    records: list[dict[str, Any]] = []
+    per_rank = dc.batch_size // dist.world_size
+    lo = dist.rank * per_rank
+    show = show_progress and dist.is_main
+    t_train, c_train = time.perf_counter(), time.process_time()
+    with _progress(tc.steps, run.run_id[:40], position, show) as bar:
+        for step in range(tc.steps):
+            lr = lr_at(step, tc.lr, tc.warmup, tc.steps, tc.schedule, tc.min_lr_ratio)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, y = source.batch(dc.batch_size, data_gen)  # (B, T) global batch, same on every rank
+            x, y = x[lo : lo + per_rank].to(device), y[lo : lo + per_rank].to(device)
+            logging = gc.every > 0 and dist.is_main and (step % gc.every == 0 or step == tc.steps - 1)
+            rec: dict[str, Any] = {"step": step, "lr": lr}
+            if logging:
+                rec.update(diag.probe(raw, probe_x, attention=gc.attention, autocast=autocast))
+            with autocast():
+                _, loss = model(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if logging:
+                rec.update(diag.grad_norms(raw))
+                before = diag.snapshot(raw)
+            if tc.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(raw.parameters(), tc.grad_clip)
+            opt.step()
+            if logging:
+                rec["update_ratio"] = diag.update_ratios(raw, before)
+                records.append(rec)
+            value = loss.detach().float()
+            if dist.enabled:
+                torch.distributed.all_reduce(value)
+                value = value / dist.world_size
+            losses.append(float(value))
+            if monitor.update(step, losses[-1]):
+                break
+            if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
+                eval_curve.append((step + 1, evaluate(raw, eval_set, autocast)))
+            if bar is not None:
+                bar.update(1)
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.2g}")
+    train_s, train_cpu_s = time.perf_counter() - t_train, time.process_time() - c_train
+    diverged = monitor.step is not None
+    final_eval = evaluate(raw, eval_set, autocast)
+    eval_curve.append((len(losses), final_eval))
+    window = [v for v in losses[-tc.final_window :] if math.isfinite(v)]
+    record.update(
+        status="diverged" if diverged else "finished",
+        diverged_step=monitor.step,
+        steps_done=len(losses),
+        initial_loss=finite_or_none(losses[0]),
+        final_train_loss=finite_or_none(sum(window) / len(window)) if window and not diverged else None,
+        eval={
+            "init": finite_or_none(eval_curve[0][1]),
+            "final": None if diverged else finite_or_none(final_eval),
+            "curve": [[s, finite_or_none(v)] for s, v in eval_curve],
+        },
+        loss=[finite_or_none(v) for v in losses],
+        diagnostics=records,
+        time={
+            "wall_s": round(time.perf_counter() - t_wall, 3),
+            "cpu_s": round(time.process_time() - t_cpu, 3),
+            "step_ms": round(1e3 * train_s / max(len(losses), 1), 3),
+            "step_cpu_ms": round(1e3 * train_cpu_s / max(len(losses), 1), 3),
+        },
+        env={
+            "torch": torch.__version__,
+            "device": str(device),
+            "world_size": dist.world_size,
+            "threads": torch.get_num_threads(),
+            "host": platform.node(),
+            "pid": os.getpid(),
+        },
+    )
+    return record
