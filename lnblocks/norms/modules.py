@@ -28,11 +28,12 @@ from lnblocks.norms.spec import (
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FUSED_KINDS = ("layernorm", "rmsnorm")
-# Single-threaded CPU inference of norms written as several eager ops (RMSNorm, DyT, ScaleNorm) runs over blocks of
-# rows of about this many fp32 bytes, so the intermediates stay in cache instead of being fresh multi-MB allocations.
-# Each row sees the same ops, so outputs are bit-identical. Measured in benchmarks/bench_norms_cpu.py: up to ~7x faster
-# in bf16 on one thread, but with 2+ threads the many small ops stall on OpenMP synchronisation, so it is off there.
-# Not used when grads are recorded either: blocking would reorder the weight-grad sum.
+# Single-threaded CPU inference of half-precision inputs to norms written as several eager ops (RMSNorm, DyT,
+# ScaleNorm) runs over blocks of rows of about this many fp32 bytes, so the fp32 intermediates stay in cache instead of
+# being fresh multi-MB allocations. Each row sees the same ops, so outputs are bit-identical. benchmarks/README.md has
+# the numbers: 1.1-1.7x faster than torch.nn.RMSNorm in bf16 on one thread, slower in fp32 (no upcast copy to save),
+# and with 2+ threads the many small ops stall on OpenMP synchronisation, so it is used only where it wins. Not used
+# when grads are recorded either: blocking would reorder the weight-grad sum.
 CPU_BLOCK_BYTES = 1 << 20
 
 
@@ -146,6 +147,7 @@ class Norm(nn.Module):
         if (
             not self._row_blocks_on_cpu
             or x.device.type != "cpu"
+            or x.dtype not in (torch.float16, torch.bfloat16)
             or torch.compiler.is_compiling()
             or torch.get_num_threads() != 1
             or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
