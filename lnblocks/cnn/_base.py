@@ -31,6 +31,27 @@ def check_eps(eps: object) -> float:
     return float(eps)
 
 
+def check_flags(**flags: object) -> None:
+    """Each flag a bool, else ``TypeError`` naming it."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+
+
+def register_affine(module: nn.Module, num_channels: int, affine: bool, bias: bool, factory: dict[str, Any]) -> None:
+    """Per-channel ``weight`` (and ``bias`` unless ``bias=False``) Parameters, registered as None when absent."""
+    module.register_parameter("weight", nn.Parameter(torch.empty(num_channels, **factory)) if affine else None)
+    module.register_parameter("bias", nn.Parameter(torch.empty(num_channels, **factory)) if affine and bias else None)
+
+
+def reset_affine(module: nn.Module) -> None:
+    """Weight 1, bias 0 (where present)."""
+    if module.weight is not None:
+        nn.init.ones_(module.weight)
+    if module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class NormBase(nn.Module):
     """Parameters ``weight``/``bias`` (if ``affine``) and buffers ``running_mean``/``running_var``/
     ``num_batches_tracked`` (if ``track_running_stats``), registered as ``None`` otherwise, exactly as torch does.
@@ -63,18 +84,11 @@ class NormBase(nn.Module):
         if momentum is not None and not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must be in [0, 1] or None (cumulative average), got {momentum}")
         self.momentum = None if momentum is None else float(momentum)
-        for name, flag in (("affine", affine), ("track_running_stats", track_running_stats), ("bias", bias)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        check_flags(affine=affine, track_running_stats=track_running_stats, bias=bias)
         self.affine = affine
         self.track_running_stats = track_running_stats
         factory = {"device": device, "dtype": dtype}
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_features, **factory))
-            self.bias = nn.Parameter(torch.empty(num_features, **factory)) if bias else None
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, num_features, affine, bias, factory)
         if track_running_stats:
             self.register_buffer("running_mean", torch.zeros(num_features, **factory))
             self.register_buffer("running_var", torch.ones(num_features, **factory))
@@ -95,10 +109,7 @@ class NormBase(nn.Module):
     def reset_parameters(self) -> None:
         """Running statistics reset, weight 1, bias 0."""
         self.reset_running_stats()
-        if self.affine:
-            nn.init.ones_(self.weight)
-            if self.bias is not None:
-                nn.init.zeros_(self.bias)
+        reset_affine(self)
 
     def extra_repr(self) -> str:
         return (

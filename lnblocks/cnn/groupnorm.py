@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnblocks.cnn._base import check_eps, check_num_features
+from lnblocks.cnn._base import check_eps, check_flags, check_num_features, register_affine, reset_affine
 from lnblocks.cnn.functional import check_float_tensor
 
 
@@ -40,25 +40,14 @@ class GroupNorm(nn.Module):
         if num_channels % num_groups:
             raise ValueError(f"num_groups ({num_groups}) must divide num_channels ({num_channels})")
         self.eps = check_eps(eps)
-        for name, flag in (("affine", affine), ("bias", bias)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        check_flags(affine=affine, bias=bias)
         self.affine = affine
-        factory = {"device": device, "dtype": dtype}
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_channels, **factory))
-            self.bias = nn.Parameter(torch.empty(num_channels, **factory)) if bias else None
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, num_channels, affine, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Weight 1, bias 0."""
-        if self.affine:
-            nn.init.ones_(self.weight)
-            if self.bias is not None:
-                nn.init.zeros_(self.bias)
+        reset_affine(self)
 
     def extra_repr(self) -> str:
         return (

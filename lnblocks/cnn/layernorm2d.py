@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnblocks.cnn._base import check_eps, check_num_features
+from lnblocks.cnn._base import check_eps, check_flags, check_num_features, register_affine, reset_affine
 from lnblocks.cnn.functional import check_float_tensor
 
 
@@ -35,25 +35,14 @@ class LayerNorm2d(nn.Module):
         super().__init__()
         self.num_channels = check_num_features("num_channels", num_channels)
         self.eps = check_eps(eps)
-        for name, flag in (("elementwise_affine", elementwise_affine), ("bias", bias)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        check_flags(elementwise_affine=elementwise_affine, bias=bias)
         self.elementwise_affine = elementwise_affine
-        factory = {"device": device, "dtype": dtype}
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(num_channels, **factory))
-            self.bias = nn.Parameter(torch.empty(num_channels, **factory)) if bias else None
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, num_channels, elementwise_affine, bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Weight 1, bias 0."""
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        reset_affine(self)
 
     def extra_repr(self) -> str:
         return f"{self.num_channels}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
