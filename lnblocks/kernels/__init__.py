@@ -31,16 +31,16 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def unavailable_reason(spec: NormSpec, x: Tensor) -> str | None:
-    """Why the fused kernel cannot run ``spec`` on ``x``, or None when it can."""
+def unavailable_reason(spec: NormSpec, x: Tensor, name: str = "x") -> str | None:
+    """Why the fused kernel cannot run ``spec`` on ``x``, or None when it can; ``name`` is how messages call ``x``."""
     if spec.kind not in ("layernorm", "rmsnorm"):
         return f"there is no fused kernel for norm kind {spec.kind!r}"
     if not _TRITON_INSTALLED:
         return "triton is not installed (pip install triton; Linux only)"
     if not x.is_cuda and not interpreter_enabled():
-        return f"x is on {x.device.type}; Triton kernels run on CUDA tensors (or on CPU under TRITON_INTERPRET=1)"
+        return f"{name} is on {x.device.type}; Triton kernels run on CUDA tensors (or on CPU under TRITON_INTERPRET=1)"
     if x.dtype not in _KERNEL_DTYPES:
-        return f"x is {x.dtype}; the kernels take float16, bfloat16 or float32"
+        return f"{name} is {x.dtype}; the kernels take float16, bfloat16 or float32"
     return None
 
 

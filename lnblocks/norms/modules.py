@@ -114,8 +114,7 @@ class Norm(nn.Module):
 
         reason = unavailable_reason(self.spec, x)
         if reason is None and residual is not None:
-            reason = unavailable_reason(self.spec, residual)
-            reason = None if reason is None else f"residual: {reason.replace('x is', 'it is', 1)}"
+            reason = unavailable_reason(self.spec, residual, name="residual")
         for name, p in self.named_parameters():
             if reason is None and p.dtype not in (torch.float16, torch.bfloat16, torch.float32):
                 reason = f"{name} is {p.dtype}; the kernels take float16, bfloat16 or float32 parameters"

@@ -128,5 +128,5 @@ def test_triton_backend_checks_parameter_and_residual_dtypes() -> None:
     x = torch.randn(2, 8)
     with pytest.raises(ValueError, match=r"cannot run here: weight is torch\.float64"):
         lnblocks.RMSNorm(8, backend="triton", dtype=torch.float64)(x)
-    with pytest.raises(ValueError, match=r"cannot run here: residual: it is torch\.float64"):
+    with pytest.raises(ValueError, match=r"cannot run here: residual is torch\.float64"):
         lnblocks.RMSNorm(8, backend="triton")(x, residual=x.double())
