@@ -44,20 +44,27 @@ def check_momentum(momentum: object, allow_none: bool = True) -> float | None:
 
 
 def check_input(
-    module: nn.Module, x: object, ranks: tuple[int, ...], layout: str, channels: int, channel_dim: int = 1
+    module: nn.Module,
+    x: object,
+    ranks: tuple[int, ...],
+    layout: str,
+    channels_arg: str = "num_features",
+    channel_dim: int = 1,
 ) -> None:
-    """``x`` a float tensor with one of ``ranks`` dims and ``channels`` channels at ``channel_dim`` (negative counts
-    from the end, for inputs that may come without a batch dim); ``ValueError``/``TypeError`` naming ``x`` and the
-    module otherwise."""
+    """``x`` a float tensor with one of ``ranks`` dims and as many channels at ``channel_dim`` (negative counts from
+    the end, for inputs that may come without a batch dim) as the module's ``channels_arg`` attribute says;
+    ``ValueError``/``TypeError`` naming ``x``, the module and that argument otherwise."""
     check_float_tensor("x", x)
     name = type(module).__name__
     if x.dim() not in ranks:
         expected = " or ".join(f"{r}-D" for r in ranks)
         raise ValueError(f"x: {name} expects a {expected} input {layout}, got a {x.dim()}-D tensor")
     dim = channel_dim % x.dim()
+    channels = getattr(module, channels_arg)
     if x.shape[dim] != channels:
         raise ValueError(
-            f"x: {name} has {channels} channels but the input has {x.shape[dim]} (dim {dim} of shape {tuple(x.shape)})"
+            f"x: {name} has {channels_arg}={channels} but the input has {x.shape[dim]} channels "
+            f"(dim {dim} of shape {tuple(x.shape)})"
         )
 
 

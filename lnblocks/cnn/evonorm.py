@@ -79,7 +79,7 @@ class EvoNormB0(_EvoNorm):
         return f"{self.num_features}, momentum={self.momentum}, eps={self.eps}"
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input(self, x, (4,), "(N, C, H, W)", self.num_features)
+        check_input(self, x, (4,), "(N, C, H, W)")
         n, _, h, w = x.shape
         if self.training and n * h * w == 1:
             raise ValueError(
@@ -127,7 +127,7 @@ class EvoNormS0(_EvoNorm):
         return f"{self.num_features}, groups={self.groups} (num_groups={self.num_groups}), eps={self.eps}"
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input(self, x, (4,), "(N, C, H, W)", self.num_features)
+        check_input(self, x, (4,), "(N, C, H, W)")
         n, c, h, w = x.shape
         cdt = compute_dtype(x.dtype)
         hx = x.to(cdt)

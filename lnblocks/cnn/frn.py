@@ -60,7 +60,7 @@ class FRN2d(nn.Module):
         return f"{self.num_features}, eps={self.eps}, learnable_eps={self.learnable_eps}"
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input(self, x, (4,), "(N, C, H, W)", self.num_features)
+        check_input(self, x, (4,), "(N, C, H, W)")
         cdt = compute_dtype(x.dtype)
         h = x.to(cdt)
         nu2 = h.square().mean((2, 3), keepdim=True)  # (N, C, 1, 1)
@@ -87,5 +87,5 @@ class TLU(nn.Module):
         return f"{self.num_features}"
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input(self, x, (2, 3, 4, 5), "(N, C, *)", self.num_features)
+        check_input(self, x, (2, 3, 4, 5), "(N, C, *)")
         return torch.maximum(x, channel_view(self.tau, x.dim()).to(x.dtype))

@@ -16,8 +16,9 @@ read the learned mix with ``switch_weights()``. Choices where the paper and its 
   ``mean(var_in + (mu_in - mu)^2)`` (exact because every instance has the same ``H * W`` count).
 - The BN part keeps BatchNorm's running statistics, with BatchNorm's rule and buffers: training moves
   ``running_mean``/``running_var`` towards ``mu_bn`` and the *unbiased* batch variance with ``momentum`` (torch's
-  convention, the weight of the new batch; ``momentum=None`` = cumulative average, which run over a few training
-  batches after training is the paper's "batch average" of Sec. 3.1); eval mode uses them in place of
+  convention, the weight of the new batch; ``momentum=None`` = cumulative average: reset and run over a few
+  training batches after training, it is close to the paper's "batch average" of Sec. 3.1, which averages the
+  per-batch second moments instead); eval mode uses them in place of
   ``mu_bn``/``var_bn`` while IN and LN stay per-sample. ``track_running_stats=False`` uses batch statistics in eval.
   So with all weight on BN it *is* ``torch.nn.BatchNorm2d`` (state_dict included), on IN ``InstanceNorm2d``
   with an affine, on LN ``GroupNorm(1, C)`` -- all tested.

@@ -51,7 +51,7 @@ class _StandardizedConv2d(nn.Conv2d):
         return mean, var
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input(self, x, (3, 4), "(N, C, H, W) or (C, H, W)", self.in_channels, channel_dim=-3)
+        check_input(self, x, (3, 4), "(N, C, H, W) or (C, H, W)", "in_channels", channel_dim=-3)
         return self._conv_forward(x, self.standardized_weight(), self.bias)
 
 

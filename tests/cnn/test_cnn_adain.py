@@ -63,6 +63,12 @@ def test_style_statistics_given_as_tensors(stat_shape) -> None:
     torch.testing.assert_close(y, _reference(content, mu_s, sigma_s), atol=1e-12, rtol=1e-12)
 
 
+def test_unit_style_is_torch_instance_norm() -> None:
+    x = shifted_input((2, 3, 4, 5))
+    y = C.adaptive_instance_norm(x, (torch.zeros(3), torch.ones(3)), eps=EPS)
+    torch.testing.assert_close(y, torch.nn.functional.instance_norm(x, eps=EPS), atol=1e-5, rtol=1e-5)
+
+
 def test_identity_when_style_is_content_and_module_form() -> None:
     x = shifted_input((2, 3, 4, 4), torch.float64)
     torch.testing.assert_close(C.adaptive_instance_norm(x, x), x, atol=1e-12, rtol=1e-12)

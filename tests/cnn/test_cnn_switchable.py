@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import lnblocks.cnn as C
-from tests.cnn.cnn_helpers import gradcheck_module, randomize_, run_fwd_bwd, shifted_input, state_dict_round_trip
+from tests.cnn.cnn_helpers import TOL, gradcheck_module, randomize_, run_fwd_bwd, shifted_input, state_dict_round_trip
 
 SHAPE = (3, 4, 3, 5)
 EPS = 1e-3
@@ -135,6 +135,19 @@ def test_without_running_stats_eval_uses_batch_statistics() -> None:
     x = shifted_input(SHAPE)
     assert m.running_mean is None
     assert torch.equal(m.train()(x), m.eval()(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_close_to_fp64(dtype) -> None:
+    m = randomize_(C.SwitchableNorm2d(SHAPE[1], dtype=dtype))
+    ref = C.SwitchableNorm2d(SHAPE[1], dtype=torch.float64)
+    ref.load_state_dict(m.state_dict())
+    x = shifted_input(SHAPE, dtype)
+    for training in (True, False):
+        y = m.train(training)(x)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.double(), ref.train(training)(x.double()), **TOL[dtype])
+    torch.testing.assert_close(m.running_var.double(), ref.running_var, **TOL[dtype])
 
 
 @pytest.mark.parametrize("training", [True, False])
