@@ -31,6 +31,43 @@ def check_eps(eps: object) -> float:
     return float(eps)
 
 
+def check_momentum(momentum: object, allow_none: bool = True) -> float | None:
+    """A number in ``[0, 1]`` (the weight of the new batch in a running average), or None where allowed."""
+    expected = "a float in [0, 1]" + (" or None (cumulative average)" if allow_none else "")
+    if momentum is None and allow_none:
+        return None
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+        raise TypeError(f"momentum must be {expected}, got {momentum!r}")
+    if not 0.0 <= momentum <= 1.0:
+        raise ValueError(f"momentum must be {expected}, got {momentum}")
+    return float(momentum)
+
+
+def check_input(
+    module: nn.Module,
+    x: object,
+    ranks: tuple[int, ...],
+    layout: str,
+    channels_arg: str = "num_features",
+    channel_dim: int = 1,
+) -> None:
+    """``x`` a float tensor with one of ``ranks`` dims and as many channels at ``channel_dim`` (negative counts from
+    the end, for inputs that may come without a batch dim) as the module's ``channels_arg`` attribute says;
+    ``ValueError``/``TypeError`` naming ``x``, the module and that argument otherwise."""
+    check_float_tensor("x", x)
+    name = type(module).__name__
+    if x.dim() not in ranks:
+        expected = " or ".join(f"{r}-D" for r in ranks)
+        raise ValueError(f"x: {name} expects a {expected} input {layout}, got a {x.dim()}-D tensor")
+    dim = channel_dim % x.dim()
+    channels = getattr(module, channels_arg)
+    if x.shape[dim] != channels:
+        raise ValueError(
+            f"x: {name} has {channels_arg}={channels} but the input has {x.shape[dim]} channels "
+            f"(dim {dim} of shape {tuple(x.shape)})"
+        )
+
+
 def check_flags(**flags: object) -> None:
     """Each flag a bool, else ``TypeError`` naming it."""
     for name, flag in flags.items():
@@ -79,11 +116,7 @@ class NormBase(nn.Module):
         super().__init__()
         self.num_features = check_num_features("num_features", num_features)
         self.eps = check_eps(eps)
-        if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))):
-            raise TypeError(f"momentum must be a float in [0, 1] or None, got {momentum!r}")
-        if momentum is not None and not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"momentum must be in [0, 1] or None (cumulative average), got {momentum}")
-        self.momentum = None if momentum is None else float(momentum)
+        self.momentum = check_momentum(momentum)
         check_flags(affine=affine, track_running_stats=track_running_stats, bias=bias)
         self.affine = affine
         self.track_running_stats = track_running_stats

@@ -8,9 +8,25 @@ For ``x`` of shape ``(N, C, H, W)`` (Wu & He 2018, Fig. 2)::
     GroupNorm      normalize(x, dims=(1, 2, 3), groups=G)    per sample, over C/G channels of a group and pixels
     LayerNorm2d    normalize(x, dims=(1,))                   per pixel, over channels (ConvNeXt's channels-first LN)
 
+The rest of the family is not a choice of ``dims`` of this function; what each normalizes (modules in
+``lnblocks.cnn`` unless named otherwise, each tested against its paper's formula):
+
+    SwitchableNorm2d  softmax-weighted mix of the IN, LN and BN means and of their variances (learned weights)
+    FRN2d          x / sqrt(mean over (H, W) of x^2 + eps): per sample and channel, no mean subtracted
+    EvoNormS0      x * sigmoid(v x) / std over GroupNorm's dims: per sample and group
+    EvoNormB0      x / max(std over (N, H, W), v x + std over (H, W)): batch and instance statistics at once
+    AdaIN          InstanceNorm of the content, then the style's per-(n, c) std and mean
+    WSConv2d, ScaledWSConv2d   the conv *weights*, per output filter over (C_in/groups, kh, kw); not activations
+    weight norm    ``torch.nn.utils.parametrizations.weight_norm``: w = g * v / |v| per output unit, the weights'
+                   direction and length decoupled (Salimans & Kingma 2016, arXiv 1602.07868); not activations
+    LRN            ``torch.nn.LocalResponseNorm(size)``: a_c / (k + alpha/size * sum of a^2 over the channels
+                   c - size//2 ... c + (size-1)//2 that exist)^beta, per sample and pixel (Krizhevsky et al. 2012).
+                   A sliding window with no mean and no variance, so no set of reduction dims expresses it and
+                   ``normalize`` does not take it: use torch's module.
+
 Statistics are biased (divide by the count, as every ``torch.nn`` norm does when normalising) and computed in
 ``promote(x.dtype, float32)``, so half inputs get fp32 statistics and fp64 stays fp64; the output has ``x``'s dtype.
-``normalize`` is the reference every module is tested against (outputs and grads). The modules themselves run
+``normalize`` is the reference the classic modules are tested against (outputs and grads). The modules themselves run
 torch's native kernels (``F.batch_norm``, ``F.group_norm``, ``F.instance_norm``, ``F.layer_norm``), since composing
 ``normalize`` from ops costs 1.5-10x more time on CPU (``benchmarks/bench_cnn_norms.py``). The running-statistics
 update of BatchNorm (unbiased variance, ``momentum=None`` = cumulative average) lives here too, so the modules that

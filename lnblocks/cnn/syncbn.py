@@ -178,6 +178,8 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.M
 
     BatchRenorm is left alone: it is a different estimator. Lazy BatchNorm modules must be materialised first.
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     out = module
     if _is_batchnorm(module):
         if isinstance(module.weight, nn.parameter.UninitializedParameter):

@@ -60,3 +60,31 @@ def shifted_input(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, se
     shift = torch.linspace(-2.0, 4.0, c, dtype=torch.float64).view(view)
     x = x * scale + shift
     return x.to(dtype)
+
+
+def gradcheck_module(module: nn.Module, *inputs: Tensor) -> None:
+    """fp64 ``torch.autograd.gradcheck`` of ``module(*inputs)`` w.r.t. the inputs and every parameter."""
+    names = [n for n, _ in module.named_parameters()]
+    params = [p.detach().double().requires_grad_(True) for _, p in module.named_parameters()]
+    xs = [x.detach().double().requires_grad_(True) for x in inputs]
+    module = module.double()
+
+    def call(*args: Tensor) -> Tensor:
+        state = dict(zip(names, args[len(xs) :], strict=True))
+        return torch.func.functional_call(module, state, tuple(args[: len(xs)]))
+
+    assert torch.autograd.gradcheck(call, (*xs, *params), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def state_dict_round_trip(make, x: Tensor) -> None:
+    """A fresh module loading another's (trained, randomised) state_dict computes the same outputs in train and
+    eval mode, and its state_dict has the same keys and values."""
+    a = randomize_(make())
+    a(x)  # one training step moves any running statistics
+    b = make()
+    b.load_state_dict(a.state_dict())
+    assert_state_equal(a, b)
+    for mode in (True, False):
+        a.train(mode)
+        b.train(mode)
+        assert torch.equal(a(x), b(x)), f"training={mode}"

@@ -1,6 +1,7 @@
 """SyncBatchNorm on two gloo processes (CPU) with unequal shards of different means equals torch.nn.BatchNorm on
 the concatenated batch: outputs, running statistics over several steps, input and parameter grads; plus the Chan
-merge, convert_sync_batchnorm and the single-process fallback."""
+merge (and why the average of per-device variances is not enough), convert_sync_batchnorm and the single-process
+fallback."""
 
 from __future__ import annotations
 
@@ -162,6 +163,50 @@ def test_chan_merge_equals_statistics_of_the_concatenation() -> None:
     # the often-quoted average of per-rank variances is wrong here (and would be whenever the means differ)
     naive = torch.stack([shards[0].var(0, correction=0), shards[2].var(0, correction=0)]).mean(0)
     assert (naive - var).abs().max() > 1.0
+
+
+def _merge_shards(shards: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """SyncBatchNorm's statistics: the Chan merge of per-shard (count, mean, M2) rows."""
+    rows = []
+    for x in shards:
+        n, mean = x.shape[0], x.mean(0)
+        rows.append(torch.stack([torch.full_like(mean, n), mean, ((x - mean) ** 2).sum(0)]))
+    _, mean, var = merge_moments(torch.stack(rows))
+    return mean, var
+
+
+def test_seed_formula_averaging_device_variances_is_exact_only_for_equal_device_means() -> None:
+    """The seed text's SyncBN averages the per-device means and the per-device variances. With equal counts that
+    average misses exactly the variance of the device means, so it equals the full-batch variance only when the
+    device means are equal (and, with unequal counts, not even then); SyncBatchNorm's merge is exact in every case."""
+    g = torch.Generator().manual_seed(0)
+    spread = [torch.randn(n, 4, generator=g, dtype=torch.float64) * s for n, s in ((6, 1.0), (6, 2.0), (6, 0.5))]
+    equal_means = [x - x.mean(0) + 3.0 for x in spread]  # every device has mean 3
+    shifted = [x + offset for x, offset in zip(equal_means, (-2.0, 0.0, 5.0), strict=True)]  # DDP-like: equal counts
+    unequal_counts = [equal_means[0][:2], equal_means[1]]  # equal means, 2 vs 6 samples
+    for name, shards, seed_exact in (
+        ("equal means", equal_means, True),
+        ("different means", shifted, False),
+        ("unequal counts", unequal_counts, False),
+    ):
+        full = torch.cat(shards)
+        full_var = full.var(0, correction=0)
+        seed_var = torch.stack([x.var(0, correction=0) for x in shards]).mean(0)
+        gap = full_var - seed_var
+        assert bool((gap.abs() < 1e-12).all()) == seed_exact, name
+        if name != "unequal counts":  # equal counts: the gap is exactly the (biased) variance of the device means
+            device_means = torch.stack([x.mean(0) for x in shards])
+            torch.testing.assert_close(gap, device_means.var(0, correction=0), atol=1e-12, rtol=1e-12, msg=name)
+        mean, var = _merge_shards(shards)
+        torch.testing.assert_close(mean, full.mean(0), atol=1e-12, rtol=1e-12, msg=name)
+        torch.testing.assert_close(var, full_var, atol=1e-12, rtol=1e-12, msg=name)
+    # With the shifted devices, the seed formula's BatchNorm output differs from full-batch BatchNorm's; ours does not.
+    full = torch.cat(shifted)
+    mean, var = _merge_shards(shifted)
+    seed_var = torch.stack([x.var(0, correction=0) for x in shifted]).mean(0)
+    bn = torch.nn.functional.batch_norm(full, None, None, training=True, eps=1e-5)
+    torch.testing.assert_close((full - mean) / torch.sqrt(var + 1e-5), bn, atol=1e-10, rtol=1e-10)
+    assert ((full - mean) / torch.sqrt(seed_var + 1e-5) - bn).abs().max() > 0.5
 
 
 def test_convert_sync_batchnorm_shares_tensors_and_keeps_mode() -> None:
