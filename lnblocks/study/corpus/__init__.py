@@ -1,0 +1,34 @@
+"""The user's own corpus for studies: nanoGPT-format token files read through ``numpy.memmap``, or local text files
+and ``datasets`` datasets tokenized once (local HF tokenizer or bytes) into that format in a cache folder.
+
+``CorpusConfig`` describes a corpus (the ``data`` section keys of the ``tokens``, ``text`` and ``hf_dataset``
+sources), ``prepare(cfg)`` tokenizes/checks it and returns a ``CorpusSummary`` (tokens, vocabulary, reference
+losses), ``open_corpus(cfg, seq_len=..., batch_size=...)`` gives the ``TokenFileSource`` a run trains on.
+"""
+
+from lnblocks.study.corpus.config import CORPUS_SOURCES, CorpusConfig, default_cache_dir
+from lnblocks.study.corpus.prepare import CORPUS_FORMAT, CorpusSummary, open_corpus, prepare
+from lnblocks.study.corpus.tokenizer import TextTokenizer
+from lnblocks.study.corpus.tokens import (
+    TokenFileSource,
+    count_tokens,
+    reference_from_counts,
+    reference_losses,
+    unigram_from_counts,
+)
+
+__all__ = [
+    "CORPUS_FORMAT",
+    "CORPUS_SOURCES",
+    "CorpusConfig",
+    "CorpusSummary",
+    "TextTokenizer",
+    "TokenFileSource",
+    "count_tokens",
+    "default_cache_dir",
+    "open_corpus",
+    "prepare",
+    "reference_from_counts",
+    "reference_losses",
+    "unigram_from_counts",
+]

@@ -1,0 +1,219 @@
+"""``CorpusConfig``: where a study's tokens come from when they are the user's own corpus.
+
+Three sources (the ``data.source`` values of a study file):
+
+- ``tokens``: nanoGPT-format token files, a flat array of token ids with no header (``train_path``, ``val_path``,
+  ``token_dtype``, ``vocab_size``);
+- ``text``: local text files or globs (``files``; held-out text from ``val_files`` or the tail ``val_fraction`` of
+  every file) tokenized with ``tokenizer`` (a local HF tokenizer folder or ``tokenizer.json``, or ``"bytes"``);
+- ``hf_dataset``: a ``datasets`` dataset saved with ``save_to_disk``, or local json/jsonl/csv/txt/parquet files,
+  read through ``text_column`` (held-out rows from ``val_split`` or the last ``val_fraction`` of the rows).
+
+``text`` and ``hf_dataset`` are tokenized once into the ``tokens`` format under ``cache_dir`` (which also keeps the
+reference losses counted over ``tokens`` files). Paths are checked
+when the config is built, so a typo fails before any run starts, with the dotted key in the message.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lnblocks.config import (
+    Config,
+    ConfigTypeError,
+    ConfigValueError,
+    check_choice,
+    check_float,
+    check_int,
+    check_str,
+)
+
+CORPUS_SOURCES = ("tokens", "text", "hf_dataset")
+TOKEN_DTYPES = ("uint16", "uint32")
+DATASET_FORMATS = ("disk", "json", "csv", "text", "parquet")
+_FORMAT_BY_SUFFIX = {".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text", ".parquet": "parquet"}
+
+# Which fields belong to which source: a field set away from its default under another source is an error.
+_ONLY_FOR = {
+    "train_path": "tokens",
+    "val_path": "tokens",
+    "token_dtype": "tokens",
+    "files": "text",
+    "val_files": "text",
+    "dataset": "hf_dataset",
+    "dataset_format": "hf_dataset",
+    "split": "hf_dataset",
+    "val_split": "hf_dataset",
+    "text_column": "hf_dataset",
+}
+_TOKENIZED = ("text", "hf_dataset")  # sources that use tokenizer, eos_token, val_fraction
+
+
+def expand_patterns(key: str, patterns: tuple[str, ...]) -> list[Path]:
+    """Files matched by ``patterns`` (paths or globs, ``~`` expanded), in order, each once; a pattern that matches
+    no file raises ``ConfigValueError`` naming ``key[i]``."""
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for i, pattern in enumerate(patterns):
+        expanded = os.path.expanduser(pattern)
+        matches = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+        files = [Path(m) for m in matches if Path(m).is_file()]
+        if not files:
+            what = "matches no file" if glob.has_magic(expanded) else "is not an existing file"
+            raise ConfigValueError(f"{key}[{i}]", f"{what}: {pattern!r}")
+        for f in files:
+            if f.resolve() not in seen:
+                seen.add(f.resolve())
+                out.append(f)
+    return out
+
+
+def default_cache_dir() -> Path:
+    """``$LNBLOCKS_CACHE``, else ``$XDG_CACHE_HOME/lnblocks``, else ``~/.cache/lnblocks``; corpora go in ``corpus/``."""
+    root = os.environ.get("LNBLOCKS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lnblocks"
+    )
+    return Path(root) / "corpus"
+
+
+def infer_dataset_format(path: str) -> str:
+    """``disk`` for a folder (``save_to_disk``), else the ``load_dataset`` builder of the file suffix."""
+    expanded = os.path.expanduser(path)
+    if not glob.has_magic(expanded) and Path(expanded).is_dir():
+        return "disk"
+    suffix = Path(expanded).suffix.lower()
+    if suffix not in _FORMAT_BY_SUFFIX:
+        raise ConfigValueError(
+            "dataset_format",
+            f"cannot be inferred from {path!r}: name a folder written by save_to_disk, or files ending in "
+            f"{sorted(_FORMAT_BY_SUFFIX)}, or set dataset_format to one of {list(DATASET_FORMATS)}",
+        )
+    return _FORMAT_BY_SUFFIX[suffix]
+
+
+def _paths(key: str, value: Any) -> tuple[str, ...]:
+    """A path or list of paths -> tuple of non-empty strings."""
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)):
+        raise ConfigTypeError(key, f"must be a path or a list of paths, got {type(value).__name__} {value!r}")
+    return tuple(check_str(f"{key}[{i}]", v) for i, v in enumerate(value))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusConfig(Config):
+    """The user's corpus (see the module docstring for the three sources).
+
+    ``vocab_size``: required for ``tokens``; for ``text``/``hf_dataset`` it comes from the tokenizer (256 for
+    ``bytes``), and a value given here must be at least that (a model may have spare rows). ``eos_token``: a token
+    of the tokenizer appended after every document (file or row), e.g. ``"<|endoftext|>"`` or ``"[SEP]"``; for
+    ``bytes`` a one-byte string such as ``"\\n"``.
+    """
+
+    source: str = "tokens"
+    # tokens
+    train_path: str | None = None
+    val_path: str | None = None
+    token_dtype: str = "uint16"
+    vocab_size: int | None = None
+    # text
+    files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    # hf_dataset
+    dataset: str | None = None
+    dataset_format: str | None = None
+    split: str = "train"
+    val_split: str | None = None
+    text_column: str = "text"
+    # text and hf_dataset
+    tokenizer: str = "bytes"
+    eos_token: str | None = None
+    val_fraction: float = 0.1
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("source", self.source, CORPUS_SOURCES)
+        self._set("files", _paths("files", self.files))
+        self._set("val_files", _paths("val_files", self.val_files))
+        self._set("vocab_size", check_int("vocab_size", self.vocab_size, minimum=2, allow_none=True))
+        check_choice("token_dtype", self.token_dtype, TOKEN_DTYPES)
+        self._set("val_fraction", check_float("val_fraction", self.val_fraction, lo=0.0, hi=0.5, lo_open=True))
+        for name in ("split", "text_column", "tokenizer"):
+            check_str(name, getattr(self, name))
+        for name in ("train_path", "val_path", "dataset", "val_split", "cache_dir"):
+            check_str(name, getattr(self, name), allow_none=True)
+        if self.eos_token is not None:
+            check_str("eos_token", self.eos_token)
+        check_choice("dataset_format", self.dataset_format, DATASET_FORMATS, allow_none=True)
+        self._check_fields_belong_to_source()
+        {"tokens": self._check_tokens, "text": self._check_text, "hf_dataset": self._check_dataset}[self.source]()
+
+    def _check_fields_belong_to_source(self) -> None:
+        defaults = CorpusConfig.__dataclass_fields__
+        for name, owner in _ONLY_FOR.items():
+            if owner != self.source and getattr(self, name) != defaults[name].default:
+                raise ConfigValueError(name, f"is only used with source {owner!r}, not {self.source!r}")
+        if self.source not in _TOKENIZED:
+            for name in ("tokenizer", "eos_token", "val_fraction"):
+                if getattr(self, name) != defaults[name].default:
+                    raise ConfigValueError(name, f"is only used with sources {list(_TOKENIZED)}, not 'tokens'")
+
+    def _check_tokens(self) -> None:
+        for name in ("train_path", "val_path"):
+            path = getattr(self, name)
+            if path is None:
+                raise ConfigValueError(name, "is required for source 'tokens' (a nanoGPT-format .bin file)")
+            if not Path(os.path.expanduser(path)).is_file():
+                raise ConfigValueError(name, f"is not an existing file: {path!r}")
+        if self.vocab_size is None:
+            raise ConfigValueError("vocab_size", "is required for source 'tokens' (token files carry no header)")
+        if self.token_dtype == "uint16" and self.vocab_size > 2**16:
+            raise ConfigValueError(
+                "token_dtype", f"uint16 cannot hold the ids of vocab_size {self.vocab_size}; use uint32"
+            )
+
+    def _check_tokenizer(self) -> None:
+        if self.tokenizer == "bytes":
+            return
+        path = Path(os.path.expanduser(self.tokenizer))
+        if not path.exists():
+            raise ConfigValueError(
+                "tokenizer", f"must be 'bytes' or a local tokenizer folder or tokenizer.json file: {self.tokenizer!r}"
+            )
+
+    def _check_text(self) -> None:
+        if not self.files:
+            raise ConfigValueError("files", "is required for source 'text' (paths or globs of text files)")
+        expand_patterns("files", self.files)
+        if self.val_files:
+            expand_patterns("val_files", self.val_files)
+        self._check_tokenizer()
+
+    def _check_dataset(self) -> None:
+        if self.dataset is None:
+            raise ConfigValueError("dataset", "is required for source 'hf_dataset' (a save_to_disk folder or files)")
+        fmt = self.dataset_format or infer_dataset_format(self.dataset)
+        if fmt == "disk":
+            if not Path(os.path.expanduser(self.dataset)).is_dir():
+                raise ConfigValueError("dataset", f"is not a folder written by save_to_disk: {self.dataset!r}")
+        else:
+            expand_patterns("dataset", (self.dataset,))
+            if self.val_split is not None:
+                raise ConfigValueError("val_split", "names a split of a save_to_disk DatasetDict; not for files")
+        self._check_tokenizer()
+
+    # ---- derived ---------------------------------------------------------------------------------------------
+    @property
+    def resolved_format(self) -> str | None:
+        """The dataset format actually used (``dataset_format`` or the one inferred from ``dataset``)."""
+        if self.source != "hf_dataset":
+            return None
+        return self.dataset_format or infer_dataset_format(self.dataset or "")
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return Path(os.path.expanduser(self.cache_dir)) if self.cache_dir else default_cache_dir()

@@ -1,0 +1,222 @@
+"""nanoGPT-format token files: checks, streaming token counts, reference losses, and ``TokenFileSource``.
+
+A token file is a flat array of token ids (``uint16`` when the vocabulary fits, else ``uint32``) with no header.
+Files are read through ``numpy.memmap`` opened anew for every batch (nanoGPT does the same: pages of a long-lived
+memmap count against the process), so a corpus far larger than RAM works: a batch reads ``B * (T + 1)`` tokens.
+Counts for the unigram reference are made in fixed-size chunks, never holding the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lnblocks.study.corpus.cache import write_json_atomic
+from lnblocks.study.data import EVAL_SEED_OFFSET, TokenSource
+
+COUNT_CHUNK_TOKENS = 1 << 23  # tokens per bincount chunk: 64 MiB of int64 at most
+SAMPLE_BLOCKS = 16  # blocks of the file checked for ids >= vocab_size when a source opens
+SAMPLE_BLOCK_TOKENS = 1 << 16
+
+
+def token_count(path: Path, dtype: np.dtype, name: str = "path") -> int:
+    """Number of tokens in ``path``; ``ValueError`` naming ``name`` if it is missing, empty or not whole tokens."""
+    if not path.is_file():
+        raise ValueError(f"{name}: no such token file: {str(path)!r}")
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise ValueError(
+            f"{name}: {str(path)!r} has {size} bytes, not a multiple of {dtype.itemsize} "
+            f"(token_dtype {dtype.name}): a different dtype, or a truncated file"
+        )
+    if size == 0:
+        raise ValueError(f"{name}: {str(path)!r} is empty")
+    return size // dtype.itemsize
+
+
+def _bad_id_error(name: str, path: Path, ids: np.ndarray, offset: int, vocab_size: int, dtype: np.dtype) -> ValueError:
+    where = int(np.argmax(ids >= vocab_size))
+    return ValueError(
+        f"{name}: {str(path)!r} holds token id {int(ids[where])} at position {offset + where}, "
+        f">= vocab_size {vocab_size} (wrong vocab_size, or token_dtype {dtype.name} does not match the file)"
+    )
+
+
+def check_sample(path: Path, dtype: np.dtype, vocab_size: int, name: str = "path") -> None:
+    """Check ids ``< vocab_size`` in the head, the tail and ``SAMPLE_BLOCKS`` evenly spaced blocks of the file."""
+    n = token_count(path, dtype, name)
+    data = np.memmap(path, dtype=dtype, mode="r")
+    starts = np.linspace(0, max(n - SAMPLE_BLOCK_TOKENS, 0), SAMPLE_BLOCKS, dtype=np.int64)
+    for start in np.unique(starts):
+        block = np.asarray(data[start : start + SAMPLE_BLOCK_TOKENS])
+        if block.size and int(block.max()) >= vocab_size:
+            raise _bad_id_error(name, path, block, int(start), vocab_size, dtype)
+
+
+def count_tokens(
+    path: Path,
+    dtype: np.dtype,
+    vocab_size: int,
+    *,
+    name: str = "path",
+    chunk_tokens: int = COUNT_CHUNK_TOKENS,
+    progress: Any = None,
+) -> np.ndarray:
+    """``(vocab_size,)`` int64 counts of every id in ``path``, made chunk by chunk (streaming ``bincount``).
+    Every id is checked: one ``>= vocab_size`` raises ``ValueError`` with its position. ``progress``: a tqdm bar
+    advanced by tokens."""
+    n = token_count(path, dtype, name)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for start in range(0, n, chunk_tokens):
+        chunk = np.memmap(
+            path, dtype=dtype, mode="r", offset=start * dtype.itemsize, shape=(min(chunk_tokens, n - start),)
+        )
+        if int(chunk.max()) >= vocab_size:  # before bincount, which would allocate max id + 1 counters
+            raise _bad_id_error(name, path, np.asarray(chunk), start, vocab_size, dtype)
+        counts += np.bincount(chunk, minlength=vocab_size)
+        del chunk
+        if progress is not None:
+            progress.update(min(chunk_tokens, n - start))
+    return counts
+
+
+def unigram_from_counts(train_counts: np.ndarray, val_counts: np.ndarray) -> float:
+    """Cross-entropy (nats/token) on the val split of add-one-smoothed train frequencies: the loss of a model that
+    knows the token frequencies and nothing else (same definition as ``lnblocks.study.data.unigram_loss``)."""
+    p = (train_counts.astype(np.float64) + 1.0) / (train_counts.sum() + len(train_counts))
+    return float(-(val_counts.astype(np.float64) * np.log(p)).sum() / val_counts.sum())
+
+
+def reference_from_counts(train_counts: np.ndarray, val_counts: np.ndarray) -> dict[str, float]:
+    """``{"uniform": ln V, "unigram": ...}``: the losses a run is compared with ("stuck" = at the unigram plateau)."""
+    return {"uniform": math.log(len(train_counts)), "unigram": unigram_from_counts(train_counts, val_counts)}
+
+
+def _file_key(path: Path) -> dict[str, Any]:
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def reference_losses(
+    train_path: Path,
+    val_path: Path,
+    dtype: np.dtype,
+    vocab_size: int,
+    *,
+    cache_dir: Path | None = None,
+    show_progress: bool = False,
+    chunk_tokens: int = COUNT_CHUNK_TOKENS,
+) -> dict[str, float]:
+    """Reference losses of a pair of token files, by one streaming pass over both (which also checks every id).
+    Cached in ``cache_dir/reference/`` under a key of both files' path, size and mtime, the dtype and vocab_size."""
+    key = {"train": _file_key(train_path), "val": _file_key(val_path), "dtype": dtype.name, "vocab_size": vocab_size}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    cached = None if cache_dir is None else cache_dir / "reference" / f"{digest}.json"
+    if cached is not None and cached.is_file():
+        try:
+            stored = json.loads(cached.read_text())
+            if stored.get("key") == key:
+                return stored["reference"]
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable cache entry: recompute and overwrite it
+    n = token_count(train_path, dtype, "train_path") + token_count(val_path, dtype, "val_path")
+    bar = None
+    if show_progress:
+        from lnblocks._optional import require
+
+        bar = require("tqdm").tqdm(total=n, desc="counting tokens", unit="tok", unit_scale=True, leave=False)
+    try:
+        train = count_tokens(train_path, dtype, vocab_size, name="train_path", chunk_tokens=chunk_tokens, progress=bar)
+        val = count_tokens(val_path, dtype, vocab_size, name="val_path", chunk_tokens=chunk_tokens, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    reference = reference_from_counts(train, val)
+    if cached is not None:
+        write_json_atomic(cached, {"key": key, "reference": reference})
+    return reference
+
+
+class TokenFileSource(TokenSource):
+    """Random ``seq_len + 1`` windows ``data[i : i + T + 1]`` of the train file at offsets drawn from the run's
+    generator (``batch``), and ``eval_batches`` fixed windows of the val file from their own generator seeded with
+    ``data_seed + EVAL_SEED_OFFSET`` (``eval_set``): the same contract as the built-in sources.
+
+    ``reference``: given (e.g. counted while tokenizing), else computed by a streaming pass and cached (see
+    ``reference_losses``). Opening checks sizes, lengths and a sample of ids; the reference pass checks every id.
+    """
+
+    def __init__(
+        self,
+        train_path: str | os.PathLike[str],
+        val_path: str | os.PathLike[str],
+        *,
+        vocab_size: int,
+        token_dtype: str = "uint16",
+        seq_len: int,
+        batch_size: int,
+        eval_batches: int = 8,
+        data_seed: int = 0,
+        reference: dict[str, float] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        show_progress: bool = False,
+    ) -> None:
+        if token_dtype not in ("uint16", "uint32"):
+            raise ValueError(f"token_dtype must be 'uint16' or 'uint32', got {token_dtype!r}")
+        for name, v, lo in (("vocab_size", vocab_size, 2), ("seq_len", seq_len, 1), ("batch_size", batch_size, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if not isinstance(eval_batches, int) or eval_batches < 1:
+            raise ValueError(f"eval_batches must be an int >= 1, got {eval_batches!r}")
+        self.dtype = np.dtype(token_dtype)
+        if vocab_size > np.iinfo(self.dtype).max + 1:
+            raise ValueError(f"token_dtype {token_dtype} cannot hold the ids of vocab_size {vocab_size}; use uint32")
+        self.train_path = Path(os.path.expanduser(train_path))
+        self.val_path = Path(os.path.expanduser(val_path))
+        self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
+        self.eval_batches, self.data_seed = eval_batches, data_seed
+        self.train_tokens = token_count(self.train_path, self.dtype, "train_path")
+        self.val_tokens = token_count(self.val_path, self.dtype, "val_path")
+        for name, n in (("train_path", self.train_tokens), ("val_path", self.val_tokens)):
+            if n < seq_len + 1:
+                raise ValueError(f"{name}: {n} tokens, fewer than seq_len + 1 = {seq_len + 1} (one window)")
+        check_sample(self.train_path, self.dtype, vocab_size, "train_path")
+        check_sample(self.val_path, self.dtype, vocab_size, "val_path")
+        if reference is None:
+            reference = reference_losses(
+                self.train_path,
+                self.val_path,
+                self.dtype,
+                vocab_size,
+                cache_dir=Path(cache_dir) if cache_dir is not None else None,
+                show_progress=show_progress,
+            )
+        self.reference = dict(reference)
+
+    def _windows(self, path: Path, n: int, count: int, generator: torch.Generator) -> Tensor:
+        T = self.seq_len
+        starts = torch.randint(0, n - T, (count,), generator=generator).tolist()
+        data = np.memmap(path, dtype=self.dtype, mode="r")  # re-opened per batch; only the windows are read
+        w = np.stack([data[i : i + T + 1] for i in starts]).astype(np.int64)  # (count, T + 1)
+        del data
+        return torch.from_numpy(w)
+
+    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:  # (B, T), (B, T)
+        w = self._windows(self.train_path, self.train_tokens, batch_size, generator)
+        return w[:, :-1], w[:, 1:]
+
+    def eval_set(self) -> list[tuple[Tensor, Tensor]]:
+        g = torch.Generator().manual_seed(self.data_seed + EVAL_SEED_OFFSET)
+        out = []
+        for _ in range(self.eval_batches):
+            w = self._windows(self.val_path, self.val_tokens, self.batch_size, g)
+            out.append((w[:, :-1], w[:, 1:]))
+        return out
