@@ -117,14 +117,18 @@ def test_windows_are_slices_of_the_file_and_reading_does_not_load_it(tmp_path: P
     starts = torch.randint(0, len(train) - T, (B,), generator=torch.Generator().manual_seed(11)).tolist()
     assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (B, T)
     for row, s in enumerate(starts):
-        assert np.array_equal(x[row].numpy(), train[s : s + T]) and np.array_equal(y[row].numpy(), train[s + 1 : s + T + 1])
+        assert np.array_equal(x[row].numpy(), train[s : s + T]) and np.array_equal(
+            y[row].numpy(), train[s + 1 : s + T + 1]
+        )
 
     evals = src.eval_set()
     g = torch.Generator().manual_seed(5 + EVAL_SEED_OFFSET)
     assert len(evals) == 3
     for ex, ey in evals:
         for row, s in enumerate(torch.randint(0, len(val) - T, (B,), generator=g).tolist()):
-            assert np.array_equal(ex[row].numpy(), val[s : s + T]) and np.array_equal(ey[row].numpy(), val[s + 1 : s + T + 1])
+            assert np.array_equal(ex[row].numpy(), val[s : s + T]) and np.array_equal(
+                ey[row].numpy(), val[s + 1 : s + T + 1]
+            )
     assert all(torch.equal(a[0], b[0]) for a, b in zip(evals, src.eval_set()))  # fixed
 
 
@@ -142,7 +146,9 @@ def test_reference_losses_stream_and_match_numpy(token_files: tuple, tmp_path: P
     ref = reference_losses(tp, vp, np.dtype("uint16"), 50257, cache_dir=tmp_path / "cache", chunk_tokens=1 << 18)
     assert ref["uniform"] == pytest.approx(math.log(50257), rel=1e-12)
     assert ref["unigram"] == pytest.approx(expected, rel=1e-10)
-    assert ref["unigram"] == pytest.approx(unigram_loss(torch.from_numpy(train), torch.from_numpy(val), 50257), rel=1e-6)
+    assert ref["unigram"] == pytest.approx(
+        unigram_loss(torch.from_numpy(train), torch.from_numpy(val), 50257), rel=1e-6
+    )
     # cached by path, size and mtime: a rewritten val file gives a new value
     assert reference_losses(tp, vp, np.dtype("uint16"), 50257, cache_dir=tmp_path / "cache") == ref
     _write_tokens(vp, val[:100], "uint16")
@@ -203,7 +209,13 @@ def test_config_errors_name_the_dotted_key(token_files: tuple, options: dict, me
 
 def test_tokens_corpus_prepare_and_open(token_files: tuple, tmp_path: Path) -> None:
     tp, vp, train, val = token_files
-    cfg = {"source": "tokens", "train_path": str(tp), "val_path": str(vp), "vocab_size": 50257, "cache_dir": str(tmp_path)}
+    cfg = {
+        "source": "tokens",
+        "train_path": str(tp),
+        "val_path": str(vp),
+        "vocab_size": 50257,
+        "cache_dir": str(tmp_path),
+    }
     summary = prepare(cfg, show_progress=False)
     assert (summary.train_tokens, summary.val_tokens, summary.token_dtype) == (len(train), len(val), "uint16")
     src = open_corpus(cfg, seq_len=32, batch_size=4)
@@ -316,7 +328,9 @@ def test_two_processes_tokenize_once(shakespeare: Path, bpe: Path, tmp_path: Pat
     outs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert sorted(o["cached"] for o in outs) == [False, True]
-    assert {o["train_path"] for o in outs} == {outs[0]["train_path"]} and outs[0]["train_tokens"] == outs[1]["train_tokens"]
+    assert {o["train_path"] for o in outs} == {outs[0]["train_path"]} and outs[0]["train_tokens"] == outs[1][
+        "train_tokens"
+    ]
 
 
 # ---- hf_dataset ------------------------------------------------------------------------------------------------
