@@ -380,3 +380,18 @@ def test_cut_before_keeps_whitespace_pretokenization() -> None:
     assert docs.cut_before(b"aaaa bbbb", 9) == 4  # no newline: before the last space
     e = "é".encode()
     assert docs.cut_before(b"ab" + e + e, 5) == 4  # no space: a UTF-8 character boundary, never mid-character
+
+
+def test_hf_dataset_rows_with_a_bpe_tokenizer(bpe: Path, tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    from tokenizers import Tokenizer
+
+    datasets.Dataset.from_dict({"text": ROWS}).save_to_disk(str(tmp_path / "ds"))
+    s = prepare({"source": "hf_dataset", "dataset": str(tmp_path / "ds"), "tokenizer": str(bpe / "tokenizer.json"),
+                 "eos_token": "<|endoftext|>", "val_fraction": 0.1, "cache_dir": str(tmp_path / "c")},
+                show_progress=False)  # fmt: skip
+    tok = Tokenizer.from_file(str(bpe / "tokenizer.json"))
+    eos = tok.token_to_id("<|endoftext|>")
+    expect = [i for row in ROWS[:36] for i in [*tok.encode(row, add_special_tokens=False).ids, eos]]
+    assert np.fromfile(s.train_path, np.uint16).tolist() == expect
+    assert s.vocab_size == 1000 and s.val_tokens > 4 * 10

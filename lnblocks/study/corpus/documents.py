@@ -129,7 +129,8 @@ def load_hf_dataset(cfg: CorpusConfig) -> tuple[Any, Any]:
             raise ValueError(f"val_split: {cfg.dataset!r} is a single Dataset, not a DatasetDict with splits")
         return loaded, None
     files = [str(f) for f in expand_patterns("dataset", (cfg.dataset or "",))]
-    return datasets.load_dataset(fmt, data_files=files, split="train"), None
+    hf_cache = str(cfg.resolved_cache_dir / "hf_datasets")  # datasets' arrow copy lives with our cache, not in ~
+    return datasets.load_dataset(fmt, data_files=files, split="train", cache_dir=hf_cache), None
 
 
 def dataset_rows(cfg: CorpusConfig) -> dict[str, tuple[Any, int, int]]:

@@ -203,9 +203,9 @@ class TokenFileSource(TokenSource):
 
     def _windows(self, path: Path, n: int, count: int, generator: torch.Generator) -> Tensor:
         T = self.seq_len
-        starts = torch.randint(0, n - T, (count,), generator=generator).tolist()
+        starts = torch.randint(0, n - T, (count,), generator=generator).numpy()
         data = np.memmap(path, dtype=self.dtype, mode="r")  # re-opened per batch; only the windows are read
-        w = np.stack([data[i : i + T + 1] for i in starts]).astype(np.int64)  # (count, T + 1)
+        w = data[starts[:, None] + np.arange(T + 1)].astype(np.int64)  # (count, T + 1): one gather of the pages
         del data
         return torch.from_numpy(w)
 
