@@ -23,6 +23,7 @@ plain formulas above. Calling a block on a plain tensor returns the plain tensor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -32,6 +33,7 @@ from lnblocks.blocks.attention import Attention, KVCache
 from lnblocks.blocks.config import BlockConfig
 from lnblocks.blocks.mlp import MLP
 from lnblocks.blocks.placements import PLACEMENTS, deepnorm_alpha, depth_scale
+from lnblocks.config import check_int
 from lnblocks.norms import Norm, build_norm
 
 
@@ -61,14 +63,13 @@ class Block(nn.Module):
 
     def __init__(self, config: BlockConfig | dict, layer_idx: int = 0, n_layers: int = 1) -> None:
         super().__init__()
-        if isinstance(config, dict):
+        if isinstance(config, Mapping):
             config = BlockConfig.from_dict(config)
         if not isinstance(config, BlockConfig):
             raise TypeError(f"config must be a BlockConfig or a dict, got {type(config).__name__}")
-        for name, value in (("layer_idx", layer_idx), ("n_layers", n_layers)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if n_layers < 1 or not 0 <= layer_idx < n_layers:
+        layer_idx = check_int("layer_idx", layer_idx, minimum=0)
+        n_layers = check_int("n_layers", n_layers)
+        if not layer_idx < n_layers:
             raise ValueError(f"need 0 <= layer_idx < n_layers, got layer_idx={layer_idx}, n_layers={n_layers}")
         self.config = config
         self.layer_idx = layer_idx
