@@ -130,6 +130,9 @@ class Attention(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------------------------
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None) -> Tensor:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.qkv.in_features:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must be a tensor of shape (B, T, C) with C = dim = {self.qkv.in_features}, got {got}")
         B, T, _ = x.shape  # (B, T, C)
         hd = self.head_dim
         q, k, v = self.qkv(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], dim=-1)

@@ -52,6 +52,16 @@ class Stream(NamedTuple):
         return self.hidden if self.residual is None else self.hidden + self.residual
 
 
+def check_stream_shape(x: object, dim: int, name: str) -> None:
+    """``x`` is a floating-point ``(B, T, dim)`` tensor (shape checks are static: free, also under torch.compile)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, T, C={dim}), got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"{name} must have shape (B, T, C) with C = dim = {dim}, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
 class Block(nn.Module):
     """A residual block built from a ``BlockConfig``; ``layer_idx`` (0-based) and ``n_layers`` feed the depth-
     dependent constants (LayerNorm Scaling's ``1/sqrt(layer_idx + 1)``, DeepNorm's ``alpha = (2 n_layers)^(1/4)``).
@@ -107,6 +117,7 @@ class Block(nn.Module):
         A ``"resi_dual"`` block called on a tensor returns its post-norm stream; pass a ``Stream`` to carry the dual.
         """
         s = x if isinstance(x, Stream) else Stream(x)
+        check_stream_shape(s.hidden, self.config.dim, "x")
         if self.placement.parallel:
             s = self._parallel(s, rope, cache)
         else:

@@ -40,7 +40,7 @@ def test_eps_zero_is_really_zero() -> None:
     x = torch.ones(1, 8)
     assert torch.isnan(nn.LayerNorm(8, eps=0.0)(x)).all()
     assert torch.isnan(lnblocks.LayerNorm(8, eps=0.0)(x)).all()
-    x = torch.randn(2, 8) * 1e-10  # mean(x²) ~1e-20, far below any usual eps: eps=0 normalises it, any eps > 0 would not
+    x = torch.randn(2, 8) * 1e-10  # mean(x²) ~1e-20: only eps=0 normalises it
     y = lnblocks.RMSNorm(8, eps=0)(x)
     assert torch.equal(y, nn.RMSNorm(8, eps=0.0)(x))
     torch.testing.assert_close(y.double(), x.double() / x.double().pow(2).mean(-1, keepdim=True).sqrt())
