@@ -66,7 +66,8 @@ class Block(nn.Module):
     """A residual block built from a ``BlockConfig``; ``layer_idx`` (0-based) and ``n_layers`` feed the depth-
     dependent constants (LayerNorm Scaling's ``1/sqrt(layer_idx + 1)``, DeepNorm's ``alpha = (2 n_layers)^(1/4)``).
 
-    Submodules (stable names): ``attn`` (``qkv``, ``proj``, ``q_norm``, ``k_norm``), ``mlp`` (``fc1``, ``fc2``), and
+    Submodules (stable names): ``attn`` (``qkv``, ``proj``, ``q_norm``, ``k_norm``), ``mlp`` (``fc1``, ``norm``,
+    ``fc2``), and
     the norms the placement has: ``attn_in_norm``, ``attn_out_norm``, ``attn_post_norm``, ``mlp_in_norm``,
     ``mlp_out_norm``, ``mlp_post_norm`` (absent ones are None). ReZero gates: ``attn_gate``, ``mlp_gate``.
     """
@@ -94,7 +95,7 @@ class Block(nn.Module):
         self.attn_out_norm = norm_if(p.out_norm)
         self.attn_post_norm = norm_if(p.post_norm)
         self.mlp_in_norm = norm_if(p.in_norm and not config.shared_norm)
-        self.mlp = MLP(dim, config.mlp)
+        self.mlp = MLP(dim, config.mlp, config.norm if config.mlp_norm else None)
         self.mlp_out_norm = norm_if(p.out_norm)
         self.mlp_post_norm = norm_if(p.post_norm)
         self.alpha = 1.0

@@ -97,6 +97,8 @@ class BlockConfig(Config):
     branches (Falcon-7B, Phi). ``deepnorm_alpha``: ``"deepnorm"`` only, overrides ``(2N)^(1/4)``.
     ``rezero``: scale each branch by a learnable scalar that starts at 0 (Bachlechner et al. 2020).
     ``dropout``: on each branch output before its residual add (GPT-2's ``resid_pdrop``).
+    ``mlp_norm``: NormFormer's FFN norm (Shleifer et al. 2021, arXiv 2110.09456): a ``norm`` over the MLP's hidden
+    activations, after the activation (after the gating product for SwiGLU/GeGLU), before ``fc2``; any placement.
     """
 
     dim: int = 64
@@ -110,6 +112,7 @@ class BlockConfig(Config):
     deepnorm_alpha: float | None = None
     rezero: bool = False
     dropout: float = 0.0
+    mlp_norm: bool = False
 
     def __post_init__(self) -> None:
         self._set("dim", check_int("dim", self.dim))
@@ -124,7 +127,7 @@ class BlockConfig(Config):
                     "qk_norm", f"must be None or one of {list(QK_NORM_KINDS)} (or a preset of them), got {qk.kind!r}"
                 )
             self._set("qk_norm", qk)
-        for name in ("depth_scaled_norm", "shared_norm", "rezero"):
+        for name in ("depth_scaled_norm", "shared_norm", "rezero", "mlp_norm"):
             check_bool(name, getattr(self, name))
         self._set("dropout", check_prob("dropout", self.dropout))
         self._set(

@@ -19,6 +19,7 @@ from lnblocks.config import (
     check_prob,
     under_key,
 )
+from lnblocks.norms import NormSpec
 
 Positions = Literal["learned", "rope", "none"]
 InitScheme = Literal["gpt2", "xavier", "deepnet"]
@@ -45,6 +46,9 @@ class GPTConfig(Config):
     ``"none"``. ``final_norm``: None follows the last block's placement rule (``PLACEMENTS[...].final_norm_rule``);
     True/False forces it. ``init``: ``"gpt2"``, ``"xavier"`` or ``"deepnet"`` (see ``lnblocks.models.init``);
     ``init_std``: GPT-2's 0.02; ``emb_init_std``: embedding std (None: ``init_std`` for gpt2, 1.0 otherwise).
+    ``emb_norm``: None, or a norm (anything ``build_norm`` takes) on the embeddings before the first block: BERT's
+    embedding LayerNorm (over token + position embeddings, before the embedding dropout; Devlin et al. 2019,
+    arXiv 1810.04805) and BLOOM's ``word_embeddings_layernorm`` (arXiv 2211.05100).
     """
 
     vocab_size: int = 256
@@ -59,6 +63,7 @@ class GPTConfig(Config):
     init_std: float = 0.02
     emb_init_std: float | None = None
     emb_dropout: float = 0.0
+    emb_norm: NormSpec | str | dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_seq_len", "n_layers"):
@@ -71,6 +76,8 @@ class GPTConfig(Config):
         for name in ("rope_theta", "init_std", "emb_init_std"):
             value = check_float(name, getattr(self, name), lo=0, lo_open=True, allow_none=name == "emb_init_std")
             self._set(name, value)
+        if self.emb_norm is not None:
+            self._set("emb_norm", NormSpec.from_dict(self.emb_norm, key="emb_norm"))
         layers = self._resolve_layers()
         self._set("block", layers[0] if all(b == layers[0] for b in layers) else layers)
         self._check_layers(layers)

@@ -1,6 +1,6 @@
 """``GPT``: a decoder-only language model built from ``Block``s (nanoGPT-sized, any placement, HF interop).
 
-Parameter names are stable and per layer: ``tok_emb``, ``pos_emb`` (learned positions only),
+Parameter names are stable and per layer: ``tok_emb``, ``pos_emb`` (learned positions only), ``emb_norm`` (if set),
 ``blocks.{i}.attn.qkv`` / ``.attn.proj`` (attention in/out), ``blocks.{i}.mlp.fc1`` / ``.mlp.fc2`` (MLP in/out),
 ``blocks.{i}.{attn,mlp}_{in,out,post}_norm`` (the norms the placement has), ``final_norm``, ``lm_head``.
 """
@@ -22,7 +22,7 @@ from lnblocks.norms import build_norm
 
 
 class GPT(nn.Module):
-    """Token embedding (+ learned positions) -> blocks -> final norm (placement rule) -> LM head.
+    """Token embedding (+ learned positions, + embedding norm) -> blocks -> final norm (placement rule) -> LM head.
 
     ``forward(idx, targets=None)`` returns ``(logits, loss)``; ``forward(..., return_hidden=True)`` returns
     ``(logits, loss, hidden)``. See ``forward`` for shapes.
@@ -40,6 +40,7 @@ class GPT(nn.Module):
         layers, dim = config.layers, config.dim
         self.tok_emb = nn.Embedding(config.vocab_size, dim)
         self.pos_emb = nn.Embedding(config.max_seq_len, dim) if config.positions == "learned" else None
+        self.emb_norm = build_norm(config.emb_norm, dim) if config.emb_norm is not None else None
         self.emb_drop = nn.Dropout(config.emb_dropout)
         self.blocks = nn.ModuleList(Block(b, i, config.n_layers) for i, b in enumerate(layers))
         self.final_norm = build_norm(layers[-1].norm, dim) if config.uses_final_norm else None
@@ -88,6 +89,8 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+        if self.emb_norm is not None:
+            x = self.emb_norm(x)  # BERT/BLOOM: norm of the summed embeddings, then dropout
         x = self.emb_drop(x)
         rope = None
         if self.config.positions == "rope":

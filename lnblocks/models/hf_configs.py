@@ -237,7 +237,7 @@ def _canonical(b: BlockConfig) -> dict[str, Any]:
 def config_diff(expected: GPTConfig, actual: GPTConfig, family: str) -> list[str]:
     """Human-readable differences between what ``family`` can express and ``actual``."""
     problems = []
-    for name in ("vocab_size", "max_seq_len", "n_layers", "positions", "tie_weights", "emb_dropout"):
+    for name in ("vocab_size", "max_seq_len", "n_layers", "positions", "tie_weights", "emb_dropout", "emb_norm"):
         if getattr(expected, name) != getattr(actual, name):
             problems.append(f"{name}={getattr(actual, name)!r} ({family} needs {getattr(expected, name)!r})")
     if expected.positions == "rope" and expected.rope_theta != actual.rope_theta:

@@ -127,3 +127,36 @@ def test_block_matrices_by_role() -> None:
         blk.matrices(grad=True)
     blk(torch.randn(1, 3, 32)).sum().backward()
     assert torch.equal(blk.matrices(grad=True)["W_V"], blk.attn.qkv.weight.grad[48:])
+
+
+@pytest.mark.parametrize(("activation", "act"), [("gelu", F.gelu), ("relu", F.relu), ("swiglu", F.silu)])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_normformer_mlp_norm_after_the_activation(activation: str, act, norm: str) -> None:
+    """NormFormer's FFN norm (Shleifer et al. 2021, arXiv 2110.09456): fc2(norm(act(fc1 x))), for a gated MLP
+    fc2(norm(act(x W_gate) * (x W_up))), written out in fp64; the block's norm kind over hidden_dim."""
+    cfg = BlockConfig(dim=16, norm=norm, attention={"n_heads": 2}, mlp={"activation": activation, "hidden_dim": 24},
+                      mlp_norm=True)  # fmt: skip
+    blk = randomize_(Block(cfg)).double()
+    mlp = blk.mlp
+    assert mlp.norm.normalized_shape == (24,) and mlp.norm.spec == cfg.norm
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    h = F.linear(x, mlp.fc1.weight, mlp.fc1.bias)
+    if mlp.gated:
+        gate, up = h.chunk(2, dim=-1)
+        h = act(gate) * up
+    else:
+        h = act(h)
+    w = mlp.norm.weight
+    if norm == "layernorm":
+        h = (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt() * w
+        h = h + mlp.norm.bias
+    else:
+        h = h / (h.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float64).eps).sqrt() * w
+    torch.testing.assert_close(mlp(x), F.linear(h, mlp.fc2.weight, mlp.fc2.bias), rtol=1e-12, atol=1e-12)
+    # in the block: x + mlp(norm(x)) after the attention sublayer, and its gain gets a gradient
+    blk(x).sum().backward()
+    assert mlp.norm.weight.grad is not None and mlp.norm.weight.grad.abs().sum() > 0
+    assert Block(cfg.replace(mlp_norm=False)).mlp.norm is None
+    assert BlockConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(TypeError, match=r"^mlp_norm must be a bool"):
+        cfg.replace(mlp_norm="layernorm")
