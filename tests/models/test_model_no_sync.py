@@ -14,7 +14,9 @@ V = 40
 
 
 def _config(**kw) -> GPTConfig:
-    block = BlockConfig(dim=16, attention={"n_heads": 2}, mlp={"activation": "swiglu"}, **kw.pop("block", {}))
+    block = BlockConfig(
+        dim=16, attention={"n_heads": 2, "n_kv_heads": 1}, mlp={"activation": "swiglu"}, **kw.pop("block", {})
+    )
     return GPTConfig(vocab_size=V, max_seq_len=16, n_layers=2, block=block, **kw)
 
 
