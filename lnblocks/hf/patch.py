@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lnblocks.config import check_choice
 from lnblocks.hf.classes import NormMath, recognise
 from lnblocks.hf.families import ROLES, role_map_for
 from lnblocks.hf.report import PatchEntry, PatchReport
@@ -165,8 +166,7 @@ def _patch(
     """``patch_norms`` returning also the modules this call newly patched (``patched_norms`` undoes only those)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     inc, exc = _selectors(include, "include"), _selectors(exclude, "exclude")
     model_type, roles = role_map_for(model)
 
