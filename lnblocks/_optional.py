@@ -34,4 +34,6 @@ def require(module: str) -> ModuleType:
             hint = f"pip install 'lnblocks[{extra}]'"
         else:
             hint = f"pip install {module}"
-        raise ImportError(f"{purpose} needs the optional package {module!r}: {hint}") from err
+        if getattr(err, "name", None) != module.split(".")[0]:  # installed, but it failed to import: say why
+            raise ImportError(f"{purpose} needs {module!r}, which is installed but failed to import: {err}") from err
+        raise ImportError(f"{purpose} needs the optional package {module!r}: {hint}", name=module) from None

@@ -16,42 +16,56 @@ This module imports nothing from lnblocks (every package may import it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import numbers
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 C = TypeVar("C", bound="Config")
 
 
-class _KeyedError(Exception):
-    """An error about one config key: ``str(err) == f"{key} {detail}"``."""
+class ConfigError(Exception):
+    """An error about one config key: ``str(err) == f"{key} {detail}"``; base of the two classes below."""
 
     def __init__(self, key: str, detail: str) -> None:
         self.key = key
         self.detail = detail
         super().__init__(f"{key} {detail}" if key else detail)
 
-    def under(self, prefix: str) -> _KeyedError:
+    def under(self, prefix: str) -> ConfigError:
         """The same error with ``prefix.`` in front of its key (used by enclosing configs)."""
         if not prefix:
             return self
         return type(self)(f"{prefix}.{self.key}" if self.key else prefix, self.detail)
 
 
-class ConfigValueError(_KeyedError, ValueError):
+_KeyedError = ConfigError  # the name this class had first
+
+
+class ConfigValueError(ConfigError, ValueError):
     """Unknown key, or a value out of range / not among the choices."""
 
 
-class ConfigTypeError(_KeyedError, TypeError):
+class ConfigTypeError(ConfigError, TypeError):
     """A value of the wrong type."""
 
 
 def join_key(prefix: str, name: str) -> str:
     """``"model" + "dim" -> "model.dim"``; an empty prefix gives ``name``."""
     return f"{prefix}.{name}" if prefix else name
+
+
+@contextlib.contextmanager
+def under_key(prefix: str) -> Iterator[None]:
+    """Config errors raised inside the block get ``prefix.`` in front of their key (for nested configs built by
+    hand, e.g. one ``BlockConfig`` per layer under ``block[3]``)."""
+    try:
+        yield
+    except ConfigError as err:
+        raise err.under(prefix) from None
 
 
 def _type_name(value: object) -> str:
@@ -105,6 +119,11 @@ def check_float(
         where = f" {' and '.join(bounds)}" if bounds else ""
         raise ConfigValueError(key, f"must be a finite number{where}, got {value!r}")
     return value
+
+
+def check_prob(key: str, value: Any) -> float:
+    """A probability in ``[0, 1)``: dropout rates (1 would drop everything)."""
+    return check_float(key, value, lo=0, hi=1, hi_open=True)
 
 
 def check_bool(key: str, value: Any, *, allow_none: bool = False) -> bool | None:
@@ -170,7 +189,7 @@ class Config:
             raise _unknown_keys(unknown, valid, cls.__name__).under(key)
         try:
             return cls(**options)
-        except _KeyedError as err:
+        except ConfigError as err:
             raise err.under(key) from None
 
     def to_dict(self) -> dict[str, Any]:

@@ -39,8 +39,13 @@ def _hf(module_path: str, cls_name: str) -> Callable[[int], nn.Module]:
 def parity_cases(with_hf: bool) -> list[ParityCase]:
     cases = [
         ParityCase("LayerNorm", "layernorm", "torch.nn.LayerNorm", lambda d: nn.LayerNorm(d), {}),
-        ParityCase("LayerNorm(bias=False)", "layernorm", "torch.nn.LayerNorm", lambda d: nn.LayerNorm(d, bias=False),
-                   {"bias": False}),
+        ParityCase(
+            "LayerNorm(bias=False)",
+            "layernorm",
+            "torch.nn.LayerNorm",
+            lambda d: nn.LayerNorm(d, bias=False),
+            {"bias": False},
+        ),
         ParityCase("RMSNorm", "rmsnorm", "torch.nn.RMSNorm", lambda d: nn.RMSNorm(d), {}),
         ParityCase("LayerNorm(zero_centered)", "layernorm", "fp64", None, {"zero_centered": True}),
         ParityCase("DyT", "dyt", "fp64", None, {}),

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
+from lnblocks.models import GPTConfig
 from lnblocks.norms.spec import NORM_PRESETS, SPEC_TYPES, NormSpec
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -46,3 +48,17 @@ def test_every_preset_is_documented() -> None:
     presets_paragraph = README.read_text().split("Presets (")[1].split("\n\n")[0]
     for name in NORM_PRESETS:
         assert f"`{name}`" in presets_paragraph, f"preset {name!r} missing from the README"
+
+
+@pytest.mark.parametrize("cls", [BlockConfig, AttentionConfig, MLPConfig, GPTConfig], ids=lambda c: c.__name__)
+def test_config_tables_document_every_option_with_its_default(cls: type) -> None:
+    text = README.read_text()
+    header = f"| `{cls.__name__}` option | meaning |"
+    assert header in text, f"README has no option table for {cls.__name__}"
+    rows = text.split(header)[1].split("\n\n")[0]
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            shown = repr(field.default).replace("'", '"')
+        else:  # a nested config built by its default_factory
+            shown = f"{type(field.default_factory()).__name__}()"
+        assert f"| `{field.name}={shown}` |" in rows, f"README {cls.__name__} table: no row `{field.name}={shown}`"

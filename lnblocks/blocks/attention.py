@@ -130,6 +130,9 @@ class Attention(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------------------------
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None) -> Tensor:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.qkv.in_features:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must be a tensor of shape (B, T, C) with C = dim = {self.qkv.in_features}, got {got}")
         B, T, _ = x.shape  # (B, T, C)
         hd = self.head_dim
         q, k, v = self.qkv(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], dim=-1)
@@ -141,6 +144,10 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if (rope is not None or self.q_norm is not None) and v.requires_grad:
+            # q and k are new tensors now; v, a view of qkv's output, would keep all of that output alive as a
+            # saved tensor of the attention backward: save a copy of v alone (as separate q/k/v projections do)
+            v = v.contiguous()
         if cache is not None:
             k, v = cache.update(k, v)  # (B, Hkv, Tk, hd)
         backend = self.backend_for(q)
@@ -150,23 +157,27 @@ class Attention(nn.Module):
                 self.last_stats = None  # stats always describe the latest call (only eager records them)
         if backend == "flash_attn":
             y = self._flash(q, k, v)
+        elif backend == "sdpa":
+            y = self._sdpa(q, k, v)  # GQA inside sdpa: K/V are kept (and saved for backward) at Hkv heads
         else:
             rep = self.n_heads // self.n_kv_heads
-            k, v = repeat_kv(k, rep), repeat_kv(v, rep)  # (B, H, Tk, hd)
-            y = self._eager(q, k, v) if backend == "eager" else self._sdpa(q, k, v)
+            y = self._eager(q, repeat_kv(k, rep), repeat_kv(v, rep))  # (B, H, Tk, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * hd)  # (B, T, H*hd)
         return self.proj(y)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """``q`` ``(B, H, Tq, hd)``, ``k``/``v`` ``(B, Hkv, Tk, hd)``: grouped heads via ``enable_gqa``, as HF does,
+        so no repeated copy of K and V is made or saved for backward."""
         tq, tk = q.shape[2], k.shape[2]
-        dropout = self.attn_dropout if self.training else 0.0
+        opts = {"dropout_p": self.attn_dropout if self.training else 0.0, "scale": self.scale}
+        if self.n_kv_heads != self.n_heads:
+            opts["enable_gqa"] = True
         simple_causal = self.config.causal and self._window(tk) is None
         if not self.config.causal or (simple_causal and tq == 1):
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.scale)
+            return F.scaled_dot_product_attention(q, k, v, **opts)
         if simple_causal and tq == tk:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale)
-        mask = self._mask(tq, tk, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.scale)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, **opts)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._mask(tq, tk, q.device), **opts)
 
     def _eager(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         att = torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, Tq, Tk)

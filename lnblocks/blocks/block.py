@@ -23,6 +23,7 @@ plain formulas above. Calling a block on a plain tensor returns the plain tensor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -32,6 +33,7 @@ from lnblocks.blocks.attention import Attention, KVCache
 from lnblocks.blocks.config import BlockConfig
 from lnblocks.blocks.mlp import MLP
 from lnblocks.blocks.placements import PLACEMENTS, deepnorm_alpha, depth_scale
+from lnblocks.config import check_int
 from lnblocks.norms import Norm, build_norm
 
 
@@ -50,25 +52,35 @@ class Stream(NamedTuple):
         return self.hidden if self.residual is None else self.hidden + self.residual
 
 
+def check_stream_shape(x: object, dim: int, name: str) -> None:
+    """``x`` is a floating-point ``(B, T, dim)`` tensor (shape checks are static: free, also under torch.compile)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, T, C={dim}), got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"{name} must have shape (B, T, C) with C = dim = {dim}, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+
+
 class Block(nn.Module):
     """A residual block built from a ``BlockConfig``; ``layer_idx`` (0-based) and ``n_layers`` feed the depth-
     dependent constants (LayerNorm Scaling's ``1/sqrt(layer_idx + 1)``, DeepNorm's ``alpha = (2 n_layers)^(1/4)``).
 
-    Submodules (stable names): ``attn`` (``qkv``, ``proj``, ``q_norm``, ``k_norm``), ``mlp`` (``fc1``, ``fc2``), and
+    Submodules (stable names): ``attn`` (``qkv``, ``proj``, ``q_norm``, ``k_norm``), ``mlp`` (``fc1``, ``norm``,
+    ``fc2``), and
     the norms the placement has: ``attn_in_norm``, ``attn_out_norm``, ``attn_post_norm``, ``mlp_in_norm``,
     ``mlp_out_norm``, ``mlp_post_norm`` (absent ones are None). ReZero gates: ``attn_gate``, ``mlp_gate``.
     """
 
     def __init__(self, config: BlockConfig | dict, layer_idx: int = 0, n_layers: int = 1) -> None:
         super().__init__()
-        if isinstance(config, dict):
+        if isinstance(config, Mapping):
             config = BlockConfig.from_dict(config)
         if not isinstance(config, BlockConfig):
             raise TypeError(f"config must be a BlockConfig or a dict, got {type(config).__name__}")
-        for name, value in (("layer_idx", layer_idx), ("n_layers", n_layers)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if n_layers < 1 or not 0 <= layer_idx < n_layers:
+        layer_idx = check_int("layer_idx", layer_idx, minimum=0)
+        n_layers = check_int("n_layers", n_layers)
+        if not layer_idx < n_layers:
             raise ValueError(f"need 0 <= layer_idx < n_layers, got layer_idx={layer_idx}, n_layers={n_layers}")
         self.config = config
         self.layer_idx = layer_idx
@@ -83,7 +95,7 @@ class Block(nn.Module):
         self.attn_out_norm = norm_if(p.out_norm)
         self.attn_post_norm = norm_if(p.post_norm)
         self.mlp_in_norm = norm_if(p.in_norm and not config.shared_norm)
-        self.mlp = MLP(dim, config.mlp)
+        self.mlp = MLP(dim, config.mlp, config.norm if config.mlp_norm else None)
         self.mlp_out_norm = norm_if(p.out_norm)
         self.mlp_post_norm = norm_if(p.post_norm)
         self.alpha = 1.0
@@ -106,6 +118,7 @@ class Block(nn.Module):
         A ``"resi_dual"`` block called on a tensor returns its post-norm stream; pass a ``Stream`` to carry the dual.
         """
         s = x if isinstance(x, Stream) else Stream(x)
+        check_stream_shape(s.hidden, self.config.dim, "x")
         if self.placement.parallel:
             s = self._parallel(s, rope, cache)
         else:

@@ -1,7 +1,9 @@
 """Position-wise MLP: ``fc2(act(fc1(x)))`` or the gated form ``fc2(act(gate) * up)`` (SwiGLU/GeGLU, Shazeer 2020).
 
 A gated MLP keeps gate and up in one ``fc1`` (rows ``[gate; up]``): one matmul instead of two, and stable parameter
-names (``fc1``, ``fc2``) whatever the activation.
+names (``fc1``, ``fc2``) whatever the activation. With a ``norm`` spec, NormFormer's FFN norm (Shleifer et al. 2021,
+arXiv 2110.09456) normalises the hidden activations before ``fc2``: ``fc2(norm(act(fc1(x))))``, for gated MLPs
+after the gating product.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnblocks.blocks.config import MLPConfig
+from lnblocks.norms import NormSpec, build_norm
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -28,15 +31,17 @@ _ACT = {
 
 
 class MLP(nn.Module):
-    """``fc1``: Linear dim -> hidden (x2 when gated), ``fc2``: Linear hidden -> dim."""
+    """``fc1``: Linear dim -> hidden (x2 when gated), ``fc2``: Linear hidden -> dim, ``norm``: the hidden-size norm
+    (None unless ``norm`` is given)."""
 
-    def __init__(self, dim: int, config: MLPConfig) -> None:
+    def __init__(self, dim: int, config: MLPConfig, norm: NormSpec | None = None) -> None:
         super().__init__()
         self.config = config
         self.hidden_dim = config.hidden_dim or 4 * dim
         self.gated = config.gated
         self.act = _ACT[config.activation]
         self.fc1 = nn.Linear(dim, self.hidden_dim * (2 if self.gated else 1), bias=config.bias)
+        self.norm = build_norm(norm, self.hidden_dim) if norm is not None else None
         self.fc2 = nn.Linear(self.hidden_dim, dim, bias=config.bias)
 
     def split_fc1(self, t: Tensor) -> tuple[Tensor, Tensor]:
@@ -51,5 +56,7 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = self.act(gate) * up
         else:
-            h = self.act(h)
+            h = self.act(h)  # (B, T, hidden)
+        if self.norm is not None:
+            h = self.norm(h)  # NormFormer's FFN norm
         return self.fc2(h)  # (B, T, C)

@@ -65,29 +65,45 @@ def _time_forward(model: nn.Module, inputs: dict[str, torch.Tensor], device: tor
     return time.perf_counter() - start
 
 
+def _one_line(err: BaseException) -> str:
+    """``Type: message`` on one line (library messages span lines; the CLI prints one)."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _cannot_check(message: str) -> int:
+    print(f"patch-check: {message}", file=sys.stderr)
+    return 2
+
+
 def patch_check(model_dir: str, backend: str = "auto", rounds: int = 5) -> int:
     """Patch the model in ``model_dir`` and compare with the original; returns 0 if the outputs match.
 
-    Exit codes: 0 outputs match (within the dtype's tolerance), 1 they differ, 2 the folder cannot be checked.
+    Exit codes: 0 outputs match (within the dtype's tolerance), 1 they differ, 2 the folder cannot be checked (no
+    model there, it cannot be loaded or run, transformers is missing); for 2 the reason is one line on stderr.
     """
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        print(f"patch-check: {model_dir!r} is not a local HF model folder (no config.json)", file=sys.stderr)
-        return 2
+        return _cannot_check(f"{model_dir!r} is not a local HF model folder (no config.json)")
+    try:
+        require("transformers")
+    except ImportError as err:
+        return _cannot_check(str(err))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = _load(path).to(device).eval()
+    try:
+        model = _load(path).to(device).eval()
+    except Exception as err:  # a config without weights, a bad config.json, truncated safetensors, ...
+        return _cannot_check(f"cannot load the model in {model_dir!r}: {_one_line(err)}")
     inputs = _inputs(model, device)
     try:
         with torch.inference_mode():
             key, reference = _main_output(model(**inputs))
     except Exception as err:  # a model that needs more than token ids (images, audio)
-        print(f"patch-check: cannot run {type(model).__name__} on token ids: {err}", file=sys.stderr)
-        return 2
+        return _cannot_check(f"cannot run {type(model).__name__} on token ids: {_one_line(err)}")
     try:
         report = patch_norms(model, backend=backend)
-    except ValueError as err:
-        print(f"patch-check: {err}", file=sys.stderr)
-        return 2
+    except (TypeError, ValueError) as err:
+        return _cannot_check(_one_line(err))
     print(report)
     with torch.inference_mode():
         _, patched = _main_output(model(**inputs))

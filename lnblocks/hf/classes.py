@@ -22,7 +22,7 @@ from typing import Literal
 
 from torch import nn
 
-from lnblocks.norms import LayerNormSpec, Norm, NormSpec, RMSNormSpec
+from lnblocks.norms import MODEL_FAMILIES, NORM_PRESETS, LayerNormSpec, Norm, NormSpec, RMSNormSpec
 from lnblocks.norms.spec import CastMode
 
 
@@ -119,12 +119,9 @@ def forward(self, x):
         x = x.to(self.weight.dtype)
     return self.weight * x
 """
-_VARIANTS: tuple[tuple[str, str, CastMode, bool], ...] = (
-    ("LlamaRMSNorm", _LLAMA, "llama", False),
-    ("Olmo2RMSNorm", _OLMO2, "fp32", False),
-    ("GemmaRMSNorm", _GEMMA, "fp32", True),
-    ("T5LayerNorm", _T5, "t5", False),
-)
+# family (a row of lnblocks.norms.MODEL_FAMILIES) -> the code of its RMSNorm class; the row gives the class name,
+# the cast order and the 1 + w of the preset (the other families' classes are copies of one of these four)
+_VARIANTS: dict[str, str] = {"llama": _LLAMA, "olmo2": _OLMO2, "gemma": _GEMMA, "t5": _T5}
 _NORM_LIKE = re.compile(r"norm", re.IGNORECASE)
 _TORCH_OTHER_NORMS = (nn.GroupNorm, nn.LocalResponseNorm, nn.modules.batchnorm._NormBase)
 
@@ -193,16 +190,19 @@ def _fingerprint(get_def: Callable[[str], ast.FunctionDef | None]) -> tuple[tupl
 @functools.cache
 def _templates() -> dict[tuple[tuple[str, str], ...], NormMath]:
     table = {}
-    for origin, source, cast, zero_centered in _VARIANTS:
+    for family, source in _VARIANTS.items():
+        preset = NORM_PRESETS[family]
+        if not isinstance(preset, RMSNormSpec):
+            raise RuntimeError(f"MODEL_FAMILIES[{family!r}].norm must be an rmsnorm, got {preset.kind!r}")
         for eps_attr in ("variance_epsilon", "eps"):
             tree = ast.parse(textwrap.dedent(source.format(eps=eps_attr)))
             defs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
             math = NormMath(
                 kind="rmsnorm",
-                origin=f"{origin} math",
+                origin=f"{MODEL_FAMILIES[family].hf_norm_class} math",
                 eps_attr=eps_attr,
-                cast=cast,
-                zero_centered=zero_centered,
+                cast=preset.cast,
+                zero_centered=preset.zero_centered,
                 fp32_only=True,
             )
             table[_fingerprint(defs.get)] = math

@@ -4,7 +4,8 @@ The same attribute name plays different roles across families: Llama's ``post_at
 MLP *input* (Pre-LN), while Gemma2/3's and OLMo2's normalises the attention *output* before the residual add
 (sandwich / "reordered" norm), and OPT's ``final_layer_norm`` is the per-layer MLP norm, Pre- or Post-LN depending on
 ``config.do_layer_norm_before``. Roles only label the report and drive ``include``/``exclude``; the math of a norm
-comes from its class (``lnblocks.hf.classes``), never from its role.
+comes from its class (``lnblocks.hf.classes``), never from its role. Which model types use which layout is a column
+of the one family table, ``lnblocks.norms.families.MODEL_FAMILIES``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from lnblocks.norms.families import MODEL_FAMILIES
 
 ROLES: dict[str, str] = {
     "pre_attn": "normalises the attention input (Pre-LN)",
@@ -129,9 +132,23 @@ def _falcon(config: Any) -> Rules:
     )
 
 
+# role layout name (``ModelFamily.roles`` in the family table) -> its rules
+LAYOUTS: dict[str, Callable[[Any], Rules]] = {
+    "llama": _llama,
+    "sandwich": _sandwich,
+    "olmo2": _olmo2,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "bert": _bert,
+    "opt": _opt,
+    "t5": _t5,
+    "falcon": _falcon,
+}
+
+
 @dataclass(frozen=True)
 class Family:
-    """A model family: the ``config.model_type`` values it covers and its role rules (a function of the config)."""
+    """A role layout and the ``config.model_type`` values that use it (from ``lnblocks.norms.MODEL_FAMILIES``)."""
 
     name: str
     model_types: tuple[str, ...]
@@ -159,17 +176,17 @@ def _pattern_regex(pattern: str) -> str:
     return r"(?:^|\.)" + re.escape(pattern).replace(r"\*", r"\d+") + "$"
 
 
-FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma"), _llama),
-    Family("gemma2", ("gemma2", "gemma3", "gemma3_text"), _sandwich),
-    Family("olmo2", ("olmo2",), _olmo2),
-    Family("gpt2", ("gpt2",), _gpt2),
-    Family("gpt_neox", ("gpt_neox",), _gpt_neox),
-    Family("bert", ("bert", "roberta"), _bert),
-    Family("opt", ("opt",), _opt),
-    Family("t5", ("t5", "mt5"), _t5),
-    Family("falcon", ("falcon",), _falcon),
-)
+def _families() -> tuple[Family, ...]:
+    unknown = {f.name: f.roles for f in MODEL_FAMILIES.values() if f.roles is not None and f.roles not in LAYOUTS}
+    if unknown:
+        raise RuntimeError(f"MODEL_FAMILIES rows name role layouts that lnblocks.hf lacks: {unknown}")
+    return tuple(
+        Family(layout, tuple(t for f in MODEL_FAMILIES.values() if f.roles == layout for t in f.model_types), rules)
+        for layout, rules in LAYOUTS.items()
+    )
+
+
+FAMILIES: tuple[Family, ...] = _families()
 _BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 _OTHER = RoleMap(())
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lnblocks._optional import require
+from lnblocks.config import check_choice
 from lnblocks.hf.families import ROLES
 from lnblocks.hf.patch import _patch
 from lnblocks.norms.spec import BACKENDS
@@ -77,8 +78,7 @@ def patch_transformers(
     ``include``/``exclude`` take role names (``lnblocks.hf.ROLES``). Calling it again replaces the options; the hook
     is installed once. Reversed by ``unpatch_transformers()`` or by leaving the ``with`` block.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     options = _Options(backend, _roles_only(include, "include"), _roles_only(exclude, "exclude"))
     pretrained = require("transformers").PreTrainedModel
     if not getattr(pretrained.post_init, "_lnblocks_hook", False):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lnblocks.config import check_choice
 from lnblocks.hf.classes import NormMath, recognise
 from lnblocks.hf.families import ROLES, role_map_for
 from lnblocks.hf.report import PatchEntry, PatchReport
@@ -39,6 +40,11 @@ _NORM_KEY = "_lnblocks_norm"  # instance attribute holding the lnblocks norm of 
 log = logging.getLogger("lnblocks.hf")
 
 
+def _same_kind(err: Exception, message: str) -> Exception:
+    """A plain ``ValueError``/``TypeError`` (as ``err`` is) with ``message``: the error says which module failed."""
+    return (ValueError if isinstance(err, ValueError) else TypeError)(message)
+
+
 def _patched_forward(module: nn.Module, hidden_states: Tensor) -> Tensor:
     """The forward of a patched module: the lnblocks norm, with eps read from the module's own attribute."""
     norm = getattr(module, _NORM_KEY)
@@ -47,7 +53,14 @@ def _patched_forward(module: nn.Module, hidden_states: Tensor) -> Tensor:
         return type(module).forward(module, hidden_states)  # the class computes in fp32 even for fp64 inputs
     eps = getattr(module, math.eps_attr)
     if eps != norm.spec.eps:  # eps changed on the module after patching: follow it
-        norm.spec = norm.spec.replace(eps=None if eps is None else float(eps))
+        try:
+            norm.spec = norm.spec.replace(eps=None if eps is None else float(eps))
+        except (TypeError, ValueError) as err:
+            raise _same_kind(
+                err,
+                f"{type(module).__name__}.{math.eps_attr} = {eps!r}, set after patching, is no eps lnblocks can run: "
+                f"{err}",
+            ) from None
     return norm.forward(hidden_states)
 
 
@@ -61,9 +74,12 @@ def is_patched(module: nn.Module) -> bool:
     return _NORM_KEY in module.__dict__
 
 
-def _lnblocks_norm(module: nn.Module, math: NormMath, backend: str) -> Norm:
+def _lnblocks_norm(name: str, module: nn.Module, math: NormMath, backend: str) -> Norm:
     # built on "meta" (no memory), then pointed at the module's own parameter dict: no copy, no new Parameter
-    norm = build_norm(math.spec(module, backend), math.normalized_shape(module), device="meta")
+    try:
+        norm = build_norm(math.spec(module, backend), math.normalized_shape(module), device="meta")
+    except (TypeError, ValueError) as err:
+        raise _same_kind(err, f"cannot patch the norm {name or '<model>'} ({type(module).__name__}): {err}") from None
     object.__setattr__(norm, "_parameters", module._parameters)
     norm.hf_math = math
     return norm
@@ -150,8 +166,7 @@ def _patch(
     """``patch_norms`` returning also the modules this call newly patched (``patched_norms`` undoes only those)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     inc, exc = _selectors(include, "include"), _selectors(exclude, "exclude")
     model_type, roles = role_map_for(model)
 
@@ -169,8 +184,13 @@ def _patch(
         hits_inc = [i for i in inc or () if _matches(i, name, role)]
         hits_exc = [e for e in exc or () if _matches(e, name, role)]
         used.update(hits_inc, hits_exc)
-        math_str = rec.math.describe(rec.math.spec(module, backend))
         selected = (inc is None or bool(hits_inc)) and not hits_exc
+        try:
+            math_str = rec.math.describe(rec.math.spec(module, backend))
+        except (TypeError, ValueError) as err:  # e.g. a negative or NaN eps: torch accepts it, lnblocks does not
+            if selected:
+                raise _same_kind(err, f"cannot patch the norm {name or '<model>'} ({cls}): {err}") from None
+            math_str = f"{rec.math.kind}(not supported: {err})"
         if is_patched(module) and not selected:  # selection decides what to patch now; it never unpatches
             reason = "patched earlier; not selected now, left as it was (unpatch_norms restores it)"
             entries.append(PatchEntry(name, cls, role, "patched", math_str, reason))
@@ -194,7 +214,7 @@ def _patch(
 
     # build and check everything first, so a failure leaves the model untouched
     norms = [
-        getattr(p.module, _NORM_KEY) if is_patched(p.module) else _lnblocks_norm(p.module, p.math, backend)
+        getattr(p.module, _NORM_KEY) if is_patched(p.module) else _lnblocks_norm(p.name, p.module, p.math, backend)
         for p in plans
     ]
     if backend == "triton":

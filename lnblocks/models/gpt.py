@@ -1,6 +1,6 @@
 """``GPT``: a decoder-only language model built from ``Block``s (nanoGPT-sized, any placement, HF interop).
 
-Parameter names are stable and per layer: ``tok_emb``, ``pos_emb`` (learned positions only),
+Parameter names are stable and per layer: ``tok_emb``, ``pos_emb`` (learned positions only), ``emb_norm`` (if set),
 ``blocks.{i}.attn.qkv`` / ``.attn.proj`` (attention in/out), ``blocks.{i}.mlp.fc1`` / ``.mlp.fc2`` (MLP in/out),
 ``blocks.{i}.{attn,mlp}_{in,out,post}_norm`` (the norms the placement has), ``final_norm``, ``lm_head``.
 """
@@ -12,15 +12,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 from lnblocks.blocks import AttentionStats, Block, KVCache, Stream, rope_cache
+from lnblocks.config import check_bool, check_float, check_int
 from lnblocks.models.config import GPTConfig
 from lnblocks.models.init import init_weights
 from lnblocks.norms import build_norm
 
 
 class GPT(nn.Module):
-    """Token embedding (+ learned positions) -> blocks -> final norm (placement rule) -> LM head.
+    """Token embedding (+ learned positions, + embedding norm) -> blocks -> final norm (placement rule) -> LM head.
 
     ``forward(idx, targets=None)`` returns ``(logits, loss)``; ``forward(..., return_hidden=True)`` returns
     ``(logits, loss, hidden)``. See ``forward`` for shapes.
@@ -38,6 +40,7 @@ class GPT(nn.Module):
         layers, dim = config.layers, config.dim
         self.tok_emb = nn.Embedding(config.vocab_size, dim)
         self.pos_emb = nn.Embedding(config.max_seq_len, dim) if config.positions == "learned" else None
+        self.emb_norm = build_norm(config.emb_norm, dim) if config.emb_norm is not None else None
         self.emb_drop = nn.Dropout(config.emb_dropout)
         self.blocks = nn.ModuleList(Block(b, i, config.n_layers) for i, b in enumerate(layers))
         self.final_norm = build_norm(layers[-1].norm, dim) if config.uses_final_norm else None
@@ -61,12 +64,23 @@ class GPT(nn.Module):
             raise ValueError(
                 f"sequence of {end} positions is longer than the position table (max_seq_len={self.config.max_seq_len})"
             )
-        if not torch.compiler.is_compiling() and idx.numel() > 0:
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(
-                    f"{name}: token ids must be in [0, vocab_size={self.config.vocab_size}), got min {lo}, max {hi}"
-                )
+        self._check_token_range(idx, name)
+
+    def _check_token_range(self, idx: Tensor, name: str) -> None:
+        """Ids in ``[0, vocab_size)``, checked where it is free: eagerly on CPU (a ``ValueError`` with the offending
+        min/max); on an accelerator and inside ``torch.compile`` as a device-side ``torch._assert_async`` (no
+        host sync; raises ``RuntimeError`` when the values are checked); not at all on meta or fake tensors (no
+        values exist)."""
+        vocab = self.config.vocab_size
+        compiling = torch.compiler.is_compiling()
+        if idx.numel() == 0 or idx.device.type == "meta" or (not compiling and is_fake(idx)):
+            return
+        if compiling or idx.device.type != "cpu":
+            torch._assert_async(((idx >= 0) & (idx < vocab)).all(), f"{name}: token ids must be in [0, {vocab})")
+            return
+        lo, hi = int(idx.min()), int(idx.max())  # CPU tensor: no device synchronisation
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"{name}: token ids must be in [0, vocab_size={vocab}), got min {lo}, max {hi}")
 
     # ---- forward --------------------------------------------------------------------------------------------
     def _trunk(self, idx: Tensor, start: int, caches: list[KVCache] | None, hidden: list[Tensor] | None) -> Tensor:
@@ -75,6 +89,8 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+        if self.emb_norm is not None:
+            x = self.emb_norm(x)  # BERT/BLOOM: norm of the summed embeddings, then dropout
         x = self.emb_drop(x)
         rope = None
         if self.config.positions == "rope":
@@ -134,13 +150,18 @@ class GPT(nn.Module):
         ``temperature=0`` is greedy (argmax); otherwise sample from ``softmax(logits / temperature)``, restricted to
         the ``top_k`` most likely tokens when given. ``use_cache``: a KV cache per layer (one token per step).
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
+        temperature = check_float("temperature", temperature, lo=0)  # finite: nan/inf sample nothing meaningful
+        top_k = check_int("top_k", top_k, allow_none=True)
+        check_bool("use_cache", use_cache)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self._check_idx(idx, max_new_tokens)
+        if idx.shape[1] == 0:
+            raise ValueError(
+                f"idx must hold at least one token per row to continue (shape (B, T) with T >= 1), got "
+                f"{tuple(idx.shape)}; start from a BOS or any token id"
+            )
         was_training = self.training
         self.eval()
         try:
@@ -170,7 +191,8 @@ class GPT(nn.Module):
         logits = logits.float()
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
-        logits = logits / temperature
+        # shifted so the largest is 0: a tiny temperature gives -inf for the others (greedy-like), never inf - inf
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
         if top_k is not None:
             kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))

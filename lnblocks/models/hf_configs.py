@@ -12,10 +12,12 @@ from typing import Any
 
 from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
 from lnblocks.models.config import GPTConfig
-from lnblocks.norms import LayerNormSpec, RMSNormSpec
+from lnblocks.norms import MODEL_FAMILIES, NORM_PRESETS
+from lnblocks.norms.families import family_of_model_type
 
-LLAMA_LIKE: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
-FAMILIES: tuple[str, ...] = ("gpt2", *LLAMA_LIKE)
+# The families lnblocks converts: the rows of the family table with a converter, by HF model_type.
+FAMILIES: tuple[str, ...] = tuple(f.name for f in MODEL_FAMILIES.values() if f.converter is not None)
+LLAMA_LIKE: tuple[str, ...] = tuple(f.name for f in MODEL_FAMILIES.values() if f.converter == "llama")
 
 # HF activation name -> lnblocks MLP activation (the same function; gelu_new's python tanh formula and F.gelu's
 # tanh kernel agree to float rounding).
@@ -26,10 +28,12 @@ LLAMA_ACTS_BACK = {v: k for k, v in LLAMA_ACTS.items()}
 
 
 def family_of(hf_config: Any) -> str:
-    family = getattr(hf_config, "model_type", None)
-    if family not in FAMILIES:
-        raise ValueError(f"unsupported model_type {family!r}; lnblocks converts {list(FAMILIES)}")
-    return family
+    """The family-table row (its name) that converts an HF config, from ``config.model_type``."""
+    model_type = getattr(hf_config, "model_type", None)
+    family = family_of_model_type(model_type)
+    if family is None or family.converter is None:
+        raise ValueError(f"unsupported model_type {model_type!r}; lnblocks converts {list(FAMILIES)}")
+    return family.name
 
 
 def _gpt2_to_lnblocks(c: Any) -> GPTConfig:
@@ -45,7 +49,7 @@ def _gpt2_to_lnblocks(c: Any) -> GPTConfig:
         return BlockConfig(
             dim=c.n_embd,
             placement="pre",
-            norm=LayerNormSpec(eps=c.layer_norm_epsilon),
+            norm=NORM_PRESETS["gpt2"].replace(eps=c.layer_norm_epsilon),
             attention=AttentionConfig(
                 n_heads=c.n_head, dropout=c.attn_pdrop, scale=None if scale == head_dim**-0.5 else scale
             ),
@@ -80,7 +84,7 @@ def _llama_to_lnblocks(c: Any, family: str) -> GPTConfig:
     head_dim = getattr(c, "head_dim", None) or default_hd
     bias = bool(getattr(c, "attention_bias", False))
     qkv_bias, out_bias = {"qwen2": (True, False), "mistral": (False, False)}.get(family, (bias, bias))
-    norm = RMSNormSpec(eps=c.rms_norm_eps, cast="llama")
+    norm = NORM_PRESETS[family].replace(eps=c.rms_norm_eps)  # the family's RMSNorm (cast="llama")
     layer_types = getattr(c, "layer_types", None)
 
     def window(i: int) -> int | None:
@@ -126,7 +130,8 @@ def _llama_to_lnblocks(c: Any, family: str) -> GPTConfig:
 def config_from_hf(hf_config: Any) -> GPTConfig:
     """The ``GPTConfig`` whose model computes what the HF model of ``hf_config`` computes."""
     family = family_of(hf_config)
-    return _gpt2_to_lnblocks(hf_config) if family == "gpt2" else _llama_to_lnblocks(hf_config, family)
+    converter = MODEL_FAMILIES[family].converter
+    return _gpt2_to_lnblocks(hf_config) if converter == "gpt2" else _llama_to_lnblocks(hf_config, family)
 
 
 # ---- lnblocks -> HF ---------------------------------------------------------------------------------------------
@@ -139,7 +144,7 @@ def hf_config(transformers: Any, cfg: GPTConfig, family: str) -> Any:
     """An HF config with the shapes and constants of ``cfg`` (validity is checked by ``config_diff``)."""
     b = cfg.layers[0]
     eps = getattr(b.norm, "eps", None)
-    if family == "gpt2":
+    if MODEL_FAMILIES[family].converter == "gpt2":
         if b.mlp.activation not in GPT2_ACTS_BACK:
             raise ValueError(f"cannot export to gpt2: mlp activation {b.mlp.activation!r} (gpt2 takes a plain MLP)")
         scales = [x.attention.scale if x.attention.scale is not None else x.head_dim**-0.5 for x in cfg.layers]
@@ -148,7 +153,7 @@ def hf_config(transformers: Any, cfg: GPTConfig, family: str) -> Any:
             and scales[1] != scales[0]
             and all(math.isclose(sc * (i + 1), scales[0]) for i, sc in enumerate(scales))
         )  # GPT-2's scale_attn_by_inverse_layer_idx
-        return transformers.GPT2Config(
+        return getattr(transformers, MODEL_FAMILIES[family].hf_lm_class).config_class(
             scale_attn_weights=scales[0] != 1.0,
             scale_attn_by_inverse_layer_idx=inverse,
             vocab_size=cfg.vocab_size,
@@ -197,12 +202,7 @@ def hf_config(transformers: Any, cfg: GPTConfig, family: str) -> Any:
         kwargs["layer_types"] = ["sliding_attention" if w is not None else "full_attention" for w in windows]
         if window is not None:
             kwargs["max_window_layers"] = 0
-    config_cls = {
-        "llama": transformers.LlamaConfig,
-        "mistral": transformers.MistralConfig,
-        "qwen2": transformers.Qwen2Config,
-        "qwen3": transformers.Qwen3Config,
-    }[family]
+    config_cls = getattr(transformers, MODEL_FAMILIES[family].hf_lm_class).config_class
     return config_cls(**kwargs)
 
 
@@ -237,7 +237,7 @@ def _canonical(b: BlockConfig) -> dict[str, Any]:
 def config_diff(expected: GPTConfig, actual: GPTConfig, family: str) -> list[str]:
     """Human-readable differences between what ``family`` can express and ``actual``."""
     problems = []
-    for name in ("vocab_size", "max_seq_len", "n_layers", "positions", "tie_weights", "emb_dropout"):
+    for name in ("vocab_size", "max_seq_len", "n_layers", "positions", "tie_weights", "emb_dropout", "emb_norm"):
         if getattr(expected, name) != getattr(actual, name):
             problems.append(f"{name}={getattr(actual, name)!r} ({family} needs {getattr(expected, name)!r})")
     if expected.positions == "rope" and expected.rope_theta != actual.rope_theta:

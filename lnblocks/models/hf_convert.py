@@ -14,6 +14,7 @@ from torch import Tensor
 
 from lnblocks._optional import require
 from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config
+from lnblocks.norms import MODEL_FAMILIES
 
 if TYPE_CHECKING:
     from lnblocks.models.gpt import GPT
@@ -60,7 +61,7 @@ def _llama_table(n_layers: int) -> list[Entry]:
 
 
 def _table(family: str, n_layers: int) -> list[Entry]:
-    return _gpt2_table(n_layers) if family == "gpt2" else _llama_table(n_layers)
+    return _gpt2_table(n_layers) if MODEL_FAMILIES[family].converter == "gpt2" else _llama_table(n_layers)
 
 
 def _check_lm(model: Any) -> Any:
@@ -114,13 +115,7 @@ def to_hf(gpt: GPT, family: str | None = None) -> Any:
     problems = config_diff(config_from_hf(hf_cfg), cfg, family)
     if problems:
         raise ValueError(f"cannot export to {family}: " + "; ".join(problems))
-    model_cls = {
-        "gpt2": transformers.GPT2LMHeadModel,
-        "llama": transformers.LlamaForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "qwen3": transformers.Qwen3ForCausalLM,
-    }[family]
+    model_cls = getattr(transformers, MODEL_FAMILIES[family].hf_lm_class)
     param = next(gpt.parameters())
     model = model_cls(hf_cfg).to(device=param.device, dtype=param.dtype)
     target = model.state_dict()

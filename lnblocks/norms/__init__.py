@@ -1,6 +1,8 @@
-"""Norm specs, reference math and modules. Imports nothing else from lnblocks."""
+"""Norm specs, the model-family table, reference math and modules. Imports nothing else from lnblocks except the
+config base, ``lnblocks.config``."""
 
 from lnblocks.norms.build import build_norm
+from lnblocks.norms.families import MODEL_FAMILIES, ModelFamily
 from lnblocks.norms.modules import DyT, LayerNorm, NoNorm, Norm, RMSNorm, ScaleNorm
 from lnblocks.norms.spec import (
     NORM_PRESETS,
@@ -15,11 +17,13 @@ from lnblocks.norms.spec import (
 )
 
 __all__ = [
+    "MODEL_FAMILIES",
     "NORM_PRESETS",
     "DyT",
     "DyTSpec",
     "LayerNorm",
     "LayerNormSpec",
+    "ModelFamily",
     "NoNorm",
     "NoNormSpec",
     "Norm",

@@ -8,6 +8,7 @@ which ``backend="triton"`` runs as one kernel.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,17 +38,20 @@ _FUSED_KINDS = ("layernorm", "rmsnorm")
 CPU_BLOCK_BYTES = 1 << 20
 
 
+def _is_int(d: object) -> bool:
+    return isinstance(d, numbers.Integral) and not isinstance(d, bool)  # numpy ints too, as torch.nn.LayerNorm
+
+
 def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    if isinstance(normalized_shape, bool):
-        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-    if isinstance(normalized_shape, int):
+    if _is_int(normalized_shape):
         shape: tuple = (normalized_shape,)
     elif isinstance(normalized_shape, Sequence) and not isinstance(normalized_shape, str):
         shape = tuple(normalized_shape)
     else:
         shape = ()
-    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+    if not shape or not all(_is_int(d) for d in shape):
         raise TypeError(f"normalized_shape must be an int or a non-empty sequence of ints, got {normalized_shape!r}")
+    shape = tuple(int(d) for d in shape)
     if any(d <= 0 for d in shape):
         raise ValueError(f"normalized_shape must have positive sizes, got {shape}")
     return shape

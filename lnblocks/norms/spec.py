@@ -3,15 +3,28 @@
 A spec says *which math* a norm computes (kind, eps, affine, bias, zero-centred weight, cast order) and which
 backend may run it. It holds no tensors: modules (``lnblocks.norms.modules``), kernels, the HF patcher and configs
 all name norms through these dataclasses, so a new variant is one field here plus one branch in
-``lnblocks.norms.functional``.
+``lnblocks.norms.functional``. Specs are ``lnblocks.config.Config``s: one exception policy (unknown key or bad value:
+``ValueError`` naming the dotted key and what is valid; wrong type: ``TypeError``). Presets come from the one table
+of model families, ``lnblocks.norms.families``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
+
+from lnblocks.config import (
+    Config,
+    ConfigTypeError,
+    ConfigValueError,
+    check_bool,
+    check_choice,
+    check_float,
+    join_key,
+    under_key,
+)
+from lnblocks.norms.families import MODEL_FAMILIES
 
 Backend = Literal["auto", "torch", "triton"]
 CastMode = Literal["fp32", "llama", "t5"]
@@ -20,28 +33,8 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 CAST_MODES: tuple[str, ...] = get_args(CastMode)
 
 
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-
-
-def _check_positive_float(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        expected = "a positive float or None" if allow_none else "a positive float"
-        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
-
-
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
 @dataclass(frozen=True, kw_only=True)
-class NormSpec:
+class NormSpec(Config):
     """Fields every norm kind shares.
 
     ``residual_in_fp32``: with ``norm(x, residual=r)`` the new residual ``x + r`` is kept in fp32 (the residual stream
@@ -55,17 +48,26 @@ class NormSpec:
     backend: Backend = "auto"
 
     def __post_init__(self) -> None:
-        _check_bool("residual_in_fp32", self.residual_in_fp32)
-        _check_choice("backend", self.backend, BACKENDS)
+        check_bool("residual_in_fp32", self.residual_in_fp32)
+        check_choice("backend", self.backend, BACKENDS)
 
-    def replace(self, **changes: Any) -> NormSpec:
-        """A copy with ``changes`` applied; unknown fields raise ``ValueError``."""
-        _reject_unknown(type(self), changes)
-        return dataclasses.replace(self, **changes)
+    @classmethod
+    def from_dict(cls, options: Any = None, *, key: str = "") -> Any:
+        """A spec from its dict form ``{"kind": ..., **options}``; on ``NormSpec`` itself also from a kind or preset
+        name or a spec (what ``norm_spec`` takes). On a subclass ``kind`` may be left out. Errors name ``key``."""
+        if cls is NormSpec:
+            return _resolve(options, {}, key)
+        if isinstance(options, Mapping) and "kind" in options:
+            if options["kind"] != cls.kind:
+                raise ConfigValueError(
+                    join_key(key, "kind"), f"must be {cls.kind!r} for {cls.__name__}, got {options['kind']!r}"
+                )
+            options = {k: v for k, v in options.items() if k != "kind"}
+        return super().from_dict(options, key=key)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict with ``kind`` first: the form configs and run records store."""
-        return {"kind": self.kind, **dataclasses.asdict(self)}
+        return {"kind": self.kind, **super().to_dict()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,9 +86,9 @@ class LayerNormSpec(NormSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive_float("eps", self.eps)
+        self._set("eps", check_float("eps", self.eps, lo=0))
         for name in ("elementwise_affine", "bias", "zero_centered"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,14 +116,15 @@ class RMSNormSpec(NormSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive_float("eps", self.eps, allow_none=True)
+        self._set("eps", check_float("eps", self.eps, lo=0, allow_none=True))
         for name in ("elementwise_affine", "zero_centered"):
-            _check_bool(name, getattr(self, name))
-        _check_choice("cast", self.cast, CAST_MODES)
+            check_bool(name, getattr(self, name))
+        check_choice("cast", self.cast, CAST_MODES)
         if self.zero_centered and self.cast != "fp32":
-            raise ValueError(
-                "zero_centered=True adds 1 + w in fp32 and needs cast='fp32' (the Gemma/TE order), "
-                f"got cast={self.cast!r}"
+            raise ConfigValueError(
+                "cast",
+                f"must be 'fp32' with zero_centered=True (1 + w is added in fp32, the Gemma/TE order), "
+                f"got {self.cast!r}",
             )
 
 
@@ -139,9 +142,9 @@ class DyTSpec(NormSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive_float("alpha_init", self.alpha_init)
+        self._set("alpha_init", check_float("alpha_init", self.alpha_init, lo=0, lo_open=True))
         for name in ("elementwise_affine", "bias"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,9 +161,9 @@ class ScaleNormSpec(NormSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_positive_float("eps", self.eps)
-        _check_positive_float("scale_init", self.scale_init, allow_none=True)
-        _check_bool("learnable", self.learnable)
+        self._set("eps", check_float("eps", self.eps, lo=0))
+        self._set("scale_init", check_float("scale_init", self.scale_init, lo=0, lo_open=True, allow_none=True))
+        check_bool("learnable", self.learnable)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,52 +177,56 @@ SPEC_TYPES: dict[str, type[NormSpec]] = {
     cls.kind: cls for cls in (LayerNormSpec, RMSNormSpec, DyTSpec, ScaleNormSpec, NoNormSpec)
 }
 
-# Checkpoint-exact settings of the norms in well-known model families (HF default eps of each class).
+# Checkpoint-exact settings of the norms of well-known model families: one per row of the family table.
 NORM_PRESETS: dict[str, NormSpec] = {
-    "llama": RMSNormSpec(eps=1e-6, cast="llama"),
-    "mistral": RMSNormSpec(eps=1e-6, cast="llama"),
-    "qwen2": RMSNormSpec(eps=1e-6, cast="llama"),
-    "qwen3": RMSNormSpec(eps=1e-6, cast="llama"),
-    "phi3": RMSNormSpec(eps=1e-6, cast="llama"),
-    "gemma": RMSNormSpec(eps=1e-6, cast="fp32", zero_centered=True),
-    "olmo2": RMSNormSpec(eps=1e-6, cast="fp32"),
-    "t5": RMSNormSpec(eps=1e-6, cast="t5"),
-    "gpt2": LayerNormSpec(eps=1e-5),
-    "bert": LayerNormSpec(eps=1e-12),
-    "te_layernorm": LayerNormSpec(eps=1e-5, zero_centered=True),
-    "te_rmsnorm": RMSNormSpec(eps=1e-5, zero_centered=True),
+    name: SPEC_TYPES[family.norm["kind"]].from_dict(family.norm, key=f"MODEL_FAMILIES[{name!r}].norm")
+    for name, family in MODEL_FAMILIES.items()
 }
 
 
-def _reject_unknown(cls: type[NormSpec], options: dict[str, Any]) -> None:
-    valid = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - valid)
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for norm kind {cls.kind!r}; valid options: {sorted(valid)}")
+def _apply(spec: NormSpec, options: Mapping[str, Any], key: str) -> NormSpec:
+    if not options:
+        return spec
+    with under_key(key):
+        return spec.replace(**options)
+
+
+def _resolve(value: Any, options: Mapping[str, Any], key: str) -> NormSpec:
+    """``norm_spec``'s resolution; ``key`` is the config key of the norm (``"norm"``, ``"block.qk_norm"``)."""
+    if isinstance(value, NormSpec):
+        return _apply(value, options, key)
+    if isinstance(value, Mapping):
+        if "kind" not in value:
+            raise ConfigValueError(
+                join_key(key, "kind"), f"is required in a norm config {dict(value)!r}; choices: {available_norms()}"
+            )
+        rest = {k: v for k, v in value.items() if k != "kind"}
+        return _resolve_name(value["kind"], {**rest, **options}, join_key(key, "kind"), key)
+    return _resolve_name(value, options, key or "kind", key)
+
+
+def _resolve_name(name: Any, options: Mapping[str, Any], name_key: str, key: str) -> NormSpec:
+    if not isinstance(name, str):
+        raise ConfigTypeError(
+            name_key, f"must be a norm kind or preset name, a NormSpec or a dict with 'kind', got {type(name).__name__}"
+        )
+    lowered = name.lower()
+    if lowered in NORM_PRESETS:
+        return _apply(NORM_PRESETS[lowered], options, key)
+    if lowered not in SPEC_TYPES:
+        raise ConfigValueError(
+            name_key, f"must be a norm kind or preset; unknown norm kind {name!r}; choices: {available_norms()}"
+        )
+    return SPEC_TYPES[lowered].from_dict(dict(options), key=key)
 
 
 def norm_spec(kind: str | NormSpec | dict[str, Any], **options: Any) -> NormSpec:
     """Resolve a kind name, preset name, spec or config dict (``{"kind": ..., **options}``) into a spec.
 
-    ``options`` override the spec's fields; an unknown kind or option raises ``ValueError`` listing the choices.
+    ``options`` override the spec's fields. An unknown kind or option raises ``ValueError`` naming it and the valid
+    choices; a value of the wrong type raises ``TypeError``.
     """
-    if isinstance(kind, dict):
-        options = {**{k: v for k, v in kind.items() if k != "kind"}, **options}
-        if "kind" not in kind:
-            raise ValueError(f"norm config {kind!r} needs a 'kind' key; choices: {available_norms()}")
-        kind = kind["kind"]
-    if isinstance(kind, NormSpec):
-        return kind.replace(**options) if options else kind
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be a str, dict or NormSpec, got {type(kind).__name__}")
-    key = kind.lower()
-    if key in NORM_PRESETS:
-        return NORM_PRESETS[key].replace(**options)
-    if key not in SPEC_TYPES:
-        raise ValueError(f"unknown norm kind {kind!r}; choices: {available_norms()}")
-    cls = SPEC_TYPES[key]
-    _reject_unknown(cls, options)
-    return cls(**options)
+    return _resolve(kind, options, "")
 
 
 def available_norms() -> list[str]:

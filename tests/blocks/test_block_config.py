@@ -17,25 +17,31 @@ from tests.blocks.block_helpers import randomize_
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
-        ({"placement": "prenorm"}, ValueError, r"unknown placement 'prenorm'; choices: \['pre', 'post'"),
-        ({"norm": "batchnorm"}, ValueError, r"unknown norm kind 'batchnorm'; choices: \['layernorm'"),
-        ({"norm": {"kind": "rmsnorm", "gain": 2}}, ValueError, r"unknown option\(s\) \['gain'\]"),
+        ({"placement": "prenorm"}, ValueError, r"^placement must be one of \['pre', 'post'.*got 'prenorm'"),
+        ({"norm": "batchnorm"}, ValueError, r"^norm must be a norm kind or preset; unknown norm kind 'batchnorm'"),
+        ({"norm": {"kind": "rmsnorm", "gain": 2}}, ValueError, r"^norm\.gain is not a config key"),
+        ({"norm": {"kind": "rmsnorm", "eps": -1.0}}, ValueError, r"^norm\.eps must be a finite number >= 0"),
+        ({"norm": {"kind": "batchnorm"}}, ValueError, r"^norm\.kind must be a norm kind or preset"),
         ({"dim": 30, "attention": {"n_heads": 4}}, ValueError, r"dim \(30\) must be divisible by n_heads \(4\)"),
         ({"attention": {"n_heads": 4, "n_kv_heads": 3}}, ValueError, r"n_kv_heads \(3\) must divide n_heads \(4\)"),
-        ({"attention": {"heads": 4}}, ValueError, r"unknown AttentionConfig option\(s\) \['heads'\]"),
+        (
+            {"attention": {"heads": 4}},
+            ValueError,
+            r"^attention\.heads is not a config key; valid keys of AttentionConfig",
+        ),
         (
             {"attention": {"backend": "xformers"}},
             ValueError,
             r"backend must be one of \['sdpa', 'flash_attn', 'eager'\]",
         ),
         ({"attention": {"causal": False, "sliding_window": 4}}, ValueError, "sliding_window needs causal=True"),
-        ({"attention": {"dropout": 1.5}}, ValueError, r"dropout must be in \[0, 1\)"),
-        ({"attention": {"n_heads": 0}}, ValueError, "n_heads must be >= 1"),
-        ({"attention": {"n_heads": 2.0}}, TypeError, "n_heads must be an int"),
-        ({"attention": "sdpa"}, TypeError, "attention must be an AttentionConfig or a dict"),
+        ({"attention": {"dropout": 1.5}}, ValueError, r"^attention\.dropout must be a finite number >= 0 and < 1"),
+        ({"attention": {"n_heads": 0}}, ValueError, r"^attention\.n_heads must be >= 1"),
+        ({"attention": {"n_heads": 2.0}}, TypeError, r"^attention\.n_heads must be an int"),
+        ({"attention": "sdpa"}, TypeError, "^attention must be an AttentionConfig or a mapping"),
         ({"mlp": {"activation": "tanh"}}, ValueError, r"activation must be one of \['gelu', 'gelu_tanh'"),
         ({"qk_norm": "dyt"}, ValueError, r"qk_norm must be None or one of \['rmsnorm', 'layernorm'\]"),
-        ({"shared_norm": True}, ValueError, "shared_norm=True needs placement='parallel'"),
+        ({"shared_norm": True}, ValueError, "^shared_norm needs placement='parallel'"),
         ({"deepnorm_alpha": 2.0}, ValueError, "deepnorm_alpha needs placement='deepnorm'"),
         ({"placement": "post", "depth_scaled_norm": True}, ValueError, "placement='post' has none"),
         (
@@ -43,7 +49,7 @@ from tests.blocks.block_helpers import randomize_
             ValueError,
             "no input norm to fuse it into",
         ),
-        ({"dropout": -0.1}, ValueError, "dropout must be in"),
+        ({"dropout": -0.1}, ValueError, r"^dropout must be a finite number >= 0 and < 1"),
         ({"rezero": 1}, TypeError, "rezero must be a bool"),
     ],
 )
@@ -53,7 +59,7 @@ def test_bad_block_config(options: dict, error: type, match: str) -> None:
 
 
 def test_from_dict_rejects_unknown_keys_and_builds_nested_configs() -> None:
-    with pytest.raises(ValueError, match=r"unknown BlockConfig option\(s\) \['placment'\]"):
+    with pytest.raises(ValueError, match=r"^placment is not a config key; valid keys of BlockConfig"):
         BlockConfig.from_dict({"placment": "post"})
     cfg = BlockConfig.from_dict(
         {"dim": 48, "placement": "sandwich", "norm": {"kind": "rmsnorm", "eps": 1e-6}, "attention": {"n_heads": 6}}
@@ -62,7 +68,7 @@ def test_from_dict_rejects_unknown_keys_and_builds_nested_configs() -> None:
     assert cfg.attention == AttentionConfig(n_heads=6) and cfg.head_dim == 8 and cfg.mlp_hidden_dim == 192
     assert BlockConfig.from_dict(cfg.to_dict()) == cfg  # round trip through the YAML form
     assert cfg.replace(placement="post").placement == "post"
-    with pytest.raises(ValueError, match="unknown BlockConfig option"):
+    with pytest.raises(ValueError, match=r"^nrom is not a config key"):
         cfg.replace(nrom="rmsnorm")
     assert BlockConfig(norm="bert").norm == LayerNormSpec(eps=1e-12)  # presets work as norms
 
@@ -121,3 +127,36 @@ def test_block_matrices_by_role() -> None:
         blk.matrices(grad=True)
     blk(torch.randn(1, 3, 32)).sum().backward()
     assert torch.equal(blk.matrices(grad=True)["W_V"], blk.attn.qkv.weight.grad[48:])
+
+
+@pytest.mark.parametrize(("activation", "act"), [("gelu", F.gelu), ("relu", F.relu), ("swiglu", F.silu)])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_normformer_mlp_norm_after_the_activation(activation: str, act, norm: str) -> None:
+    """NormFormer's FFN norm (Shleifer et al. 2021, arXiv 2110.09456): fc2(norm(act(fc1 x))), for a gated MLP
+    fc2(norm(act(x W_gate) * (x W_up))), written out in fp64; the block's norm kind over hidden_dim."""
+    cfg = BlockConfig(dim=16, norm=norm, attention={"n_heads": 2}, mlp={"activation": activation, "hidden_dim": 24},
+                      mlp_norm=True)  # fmt: skip
+    blk = randomize_(Block(cfg)).double()
+    mlp = blk.mlp
+    assert mlp.norm.normalized_shape == (24,) and mlp.norm.spec == cfg.norm
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    h = F.linear(x, mlp.fc1.weight, mlp.fc1.bias)
+    if mlp.gated:
+        gate, up = h.chunk(2, dim=-1)
+        h = act(gate) * up
+    else:
+        h = act(h)
+    w = mlp.norm.weight
+    if norm == "layernorm":
+        h = (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt() * w
+        h = h + mlp.norm.bias
+    else:
+        h = h / (h.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float64).eps).sqrt() * w
+    torch.testing.assert_close(mlp(x), F.linear(h, mlp.fc2.weight, mlp.fc2.bias), rtol=1e-12, atol=1e-12)
+    # in the block: x + mlp(norm(x)) after the attention sublayer, and its gain gets a gradient
+    blk(x).sum().backward()
+    assert mlp.norm.weight.grad is not None and mlp.norm.weight.grad.abs().sum() > 0
+    assert Block(cfg.replace(mlp_norm=False)).mlp.norm is None
+    assert BlockConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(TypeError, match=r"^mlp_norm must be a bool"):
+        cfg.replace(mlp_norm="layernorm")

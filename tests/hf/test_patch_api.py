@@ -229,3 +229,67 @@ def test_device_hooks_are_kept_in_both_orders(hook_first):
     calls.clear()
     assert torch.equal(_logits(model, batch), _logits(reference, batch))
     assert calls  # the hook is still in place after unpatching
+
+
+def _eps_zero_model(family: str) -> nn.Module:
+    import transformers
+
+    if family == "bert":
+        config = transformers.BertConfig(
+            vocab_size=96,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            layer_norm_eps=0.0,
+        )
+        return transformers.BertForMaskedLM(config).eval()
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        rms_norm_eps=0.0,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_eps_zero_models_patch_and_give_hf_numbers(family):
+    """torch and HF accept eps=0 (BERT layer_norm_eps=0, Llama rms_norm_eps=0.0); so does the patcher, exactly."""
+    torch.manual_seed(0)
+    model = _eps_zero_model(family)
+    batch = {"input_ids": torch.randint(3, 96, (2, 12))}
+    expected = _logits(model, batch)
+    report = patch_norms(model, backend="torch")
+    assert len(report.patched) == (6 if family == "bert" else 5) and "eps=0" in str(report)
+    assert torch.equal(_logits(model, batch), expected)
+
+
+def test_eps_set_to_zero_after_patching_follows_hf():
+    """``variance_epsilon = 0`` (an int) set after patching: the patched forward follows it, as HF's does."""
+    model = build("llama").eval()
+    reference = copy.deepcopy(model)
+    patch_norms(model, backend="torch")
+    for m in (*_norms(model), *_norms(reference)):
+        m.variance_epsilon = 0
+    batch = inputs(model)
+    assert torch.equal(_logits(model, batch), _logits(reference, batch))
+    assert model.model.norm._lnblocks_norm.spec.eps == 0.0
+
+
+def test_a_norm_that_cannot_be_patched_is_named():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.LayerNorm(8), nn.LayerNorm(8, eps=-1.0)))
+    with pytest.raises(
+        ValueError, match=r"^cannot patch the norm 1\.1 \(LayerNorm\): eps must be a finite number >= 0"
+    ):
+        patch_norms(model)
+    assert not any(is_patched(m) for m in model.modules())  # all or nothing
+    report = patch_norms(model, exclude="1.1")  # left out, the rest patches; the report says why it could not
+    assert [e.name for e in report.patched] == ["1.0"] and "not supported: eps must be" in str(report)
+    llama = build("llama")
+    patch_norms(llama)
+    llama.model.norm.variance_epsilon = float("nan")
+    with pytest.raises(ValueError, match=r"^LlamaRMSNorm\.variance_epsilon = nan, set after patching, is no eps"):
+        llama(**{k: v for k, v in inputs(llama).items() if k != "labels"})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -93,3 +95,57 @@ def test_patch_check_cli(tmp_path, capsys):
     assert "forward time patched / unpatched = " in out
     assert cli_main(["patch-check", str(tmp_path / "missing")]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def _broken_folders(tmp_path):
+    """A config without weights, a config.json that is not JSON, and truncated safetensors."""
+    model = build("llama")
+    model.config.save_pretrained(tmp_path / "config_only")
+    for name in ("bad_config", "truncated"):
+        model.save_pretrained(tmp_path / name)
+    (tmp_path / "bad_config" / "config.json").write_text("{not json")
+    weights = tmp_path / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return {
+        "config_only": "no file named model.safetensors",
+        "bad_config": "not a valid JSON file",
+        "truncated": "SafetensorError",
+    }
+
+
+def test_patch_check_cannot_load_is_one_line_and_exit_2(tmp_path, capsys):
+    for name, reason in _broken_folders(tmp_path).items():
+        assert cli_main(["patch-check", str(tmp_path / name), "--backend", "torch"]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"patch-check: cannot load the model in '{tmp_path / name}': ") and reason in err[-1]
+
+
+_HIDE_TRANSFORMERS = "import sys; sys.modules['transformers'] = None; "
+
+
+def test_without_transformers_patch_check_names_the_extra(tmp_path):
+    """transformers hidden in a subprocess: one line naming the extra, exit 2 (cannot check); lnblocks.hf imports."""
+    build("llama").save_pretrained(tmp_path)
+    code = _HIDE_TRANSFORMERS + f"from lnblocks.cli import main; sys.exit(main(['patch-check', {str(tmp_path)!r}]))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "patch-check: HuggingFace interop needs the optional package 'transformers': pip install 'lnblocks[hf]'"
+    ]
+    code = _HIDE_TRANSFORMERS + (
+        "import lnblocks.hf as H\n"
+        "try:\n    H.patch_transformers()\n"
+        "except ImportError as e:\n    print(e, e.name, e.__cause__ is None and e.__suppress_context__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == (
+        "HuggingFace interop needs the optional package 'transformers': pip install 'lnblocks[hf]' transformers True"
+    )
+
+
+def test_patch_check_passes_on_eps_zero_models(tmp_path, capsys):
+    model = build("bert")
+    model.config.layer_norm_eps = 0.0
+    model.save_pretrained(tmp_path)
+    assert cli_main(["patch-check", str(tmp_path), "--backend", "torch"]) == 0
+    assert "(identical; torch.float32, cpu)" in capsys.readouterr().out

@@ -103,6 +103,13 @@ def test_mix_ln_and_per_layer_configs() -> None:
     assert GPTConfig.from_dict(by_fn.to_dict()) == by_fn
 
 
+def test_generate_with_a_tiny_temperature_is_greedy_not_nan() -> None:
+    """logits / 1e-40 overflows fp32; the shifted logits give -inf instead, i.e. the argmax token."""
+    model = small()
+    idx = torch.randint(0, V, (2, 4))
+    assert torch.equal(model.generate(idx, 4, temperature=1e-40), model.generate(idx, 4, temperature=0))
+
+
 def test_generate_greedy_cache_equals_recompute_and_argmax() -> None:
     model = small(positions="rope", block=BlockConfig(dim=32, attention={"n_heads": 4, "n_kv_heads": 2}))
     idx = torch.randint(0, V, (2, 4))
@@ -155,6 +162,27 @@ def test_num_params_and_tied_head() -> None:
         (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, temperature=-1), ValueError, "temperature"),
         (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=0), ValueError, "top_k"),
         (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), -1), ValueError, "max_new_tokens"),
+        (
+            lambda m: m.generate(torch.zeros(2, 0, dtype=torch.long), 3),
+            ValueError,
+            r"at least one token .*got \(2, 0\)",
+        ),
+        (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, float("nan")), ValueError, "^temperature must"),
+        (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, float("inf")), ValueError, "^temperature must"),
+        (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, "hot"), TypeError, "^temperature must be a"),
+        (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=2.0), TypeError, "^top_k must be an int"),
+        (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 2.0), TypeError, "^max_new_tokens must be an int"),
+        (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, generator=0), TypeError, "torch.Generator"),
+        (
+            lambda m: m.blocks[0](torch.randn(4, 32)),
+            ValueError,
+            r"shape \(B, T, C\) with C = dim = 32, got \(4, 32\)",
+        ),
+        (
+            lambda m: m.blocks[0].attn(torch.randn(4, 32)),
+            ValueError,
+            r"shape \(B, T, C\) with C = dim = 32, got \(4, 32\)",
+        ),
     ],
 )
 def test_bad_model_inputs(call, error: type, match: str) -> None:
@@ -168,14 +196,18 @@ def test_bad_model_inputs(call, error: type, match: str) -> None:
         ({"block": [BlockConfig()] * 3}, r"got 3 BlockConfigs for n_layers=4"),
         ({"block": [BlockConfig(dim=32)] + [BlockConfig()] * 3}, r"same dim; got dims \[32, 64\]"),
         ({"block": lambda i: BlockConfig(placement="resi_dual" if i else "pre")}, "cannot be mixed with"),
-        ({"block": BlockConfig(placement="resi_dual"), "final_norm": False}, "final_norm=False is not allowed"),
-        ({"block": BlockConfig(placement="deepnorm")}, "set init='deepnet'"),
+        ({"block": BlockConfig(placement="resi_dual"), "final_norm": False}, "^final_norm must not be False"),
+        ({"block": BlockConfig(placement="deepnorm")}, "^init must be 'deepnet' with placement 'deepnorm'"),
         ({"positions": "rope", "block": BlockConfig(dim=60, attention={"n_heads": 4})}, "one even head_dim"),
         ({"positions": "alibi"}, r"positions must be one of \['learned', 'rope', 'none'\]"),
         ({"init": "kaiming"}, r"init must be one of \['gpt2', 'xavier', 'deepnet'\]"),
         ({"vocab_size": 0}, "vocab_size must be >= 1"),
-        ({"rope_theta": -1.0}, "rope_theta must be a finite float > 0"),
-        ({"block": {"placement": "pst"}}, "unknown placement 'pst'"),
+        ({"rope_theta": -1.0}, "^rope_theta must be a finite number > 0"),
+        ({"block": {"placement": "pst"}}, r"^block\.placement must be one of \['pre'.*got 'pst'"),
+        (
+            {"block": [BlockConfig()] * 3 + [{"attention": {"n_heads": 0}}]},
+            r"^block\[3\]\.attention\.n_heads must be >= 1",
+        ),
     ],
 )
 def test_bad_gpt_config(options: dict, match: str) -> None:
@@ -184,7 +216,7 @@ def test_bad_gpt_config(options: dict, match: str) -> None:
 
 
 def test_gpt_config_from_dict_rejects_unknown_keys() -> None:
-    with pytest.raises(ValueError, match=r"unknown GPTConfig option\(s\) \['layers_n'\]"):
+    with pytest.raises(ValueError, match=r"^layers_n is not a config key; valid keys of GPTConfig"):
         GPTConfig.from_dict({"layers_n": 3})
     with pytest.raises(TypeError, match="config must be a GPTConfig or a dict"):
         GPT("gpt2")

@@ -164,6 +164,8 @@ def test_export_fills_missing_biases_with_zeros() -> None:
             "depth_scaled_norm=True",
         ),
         ({}, {}, "opt", r"unknown family 'opt'; choices: \['gpt2', 'llama'"),
+        ({"mlp_norm": True}, {}, "gpt2", r"layer 0 mlp_norm=True \(gpt2 needs False\)"),
+        ({}, {"emb_norm": "layernorm"}, "gpt2", r"emb_norm=LayerNormSpec\(.*\) \(gpt2 needs None\)"),
     ],
 )
 def test_export_names_what_the_family_cannot_express(block: dict, gpt_options: dict, family: str, match: str) -> None:

@@ -29,37 +29,47 @@ def test_build_from_spec_dict_and_overrides() -> None:
 
 
 def test_unknown_kind_lists_choices() -> None:
-    with pytest.raises(ValueError, match=r"unknown norm kind 'batchnorm'.*layernorm.*rmsnorm"):
+    with pytest.raises(
+        ValueError, match=r"^kind must be a norm kind or preset; unknown norm kind 'batchnorm'.*layernorm.*rmsnorm"
+    ):
         lnblocks.build_norm("batchnorm", 8)
+    with pytest.raises(TypeError, match=r"^kind must be a norm kind or preset name, a NormSpec or a dict"):
+        lnblocks.build_norm(3, 8)
 
 
 def test_unknown_option_names_it_and_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['bias'\] for norm kind 'rmsnorm'.*valid options"):
+    with pytest.raises(ValueError, match=r"^bias is not a config key; valid keys of RMSNormSpec: \['residual_in_fp32'"):
         lnblocks.build_norm("rmsnorm", 8, bias=True)
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['casting'\]"):
+    with pytest.raises(ValueError, match=r"^casting is not a config key"):
         lnblocks.build_norm("llama", 8, casting="gemma")
-    with pytest.raises(ValueError, match="needs a 'kind' key"):
+    with pytest.raises(
+        ValueError, match=r"^kind is required in a norm config \{'eps': 1e-05\}; choices: \['layernorm'"
+    ):
         lnblocks.build_norm({"eps": 1e-5}, 8)
+    with pytest.raises(ValueError, match=r"^kind must be 'layernorm' for LayerNormSpec, got 'rmsnorm'"):
+        lnblocks.LayerNormSpec.from_dict({"kind": "rmsnorm"})
 
 
-@pytest.mark.parametrize("eps", [0.0, -1e-5, float("nan"), float("inf")])
-def test_eps_must_be_positive(eps: float) -> None:
-    with pytest.raises(ValueError, match=r"eps must be a finite float > 0"):
+@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf"), float("-inf")])
+def test_eps_must_be_finite_and_non_negative(eps: float) -> None:
+    with pytest.raises(ValueError, match=r"^eps must be a finite number >= 0, got"):
         lnblocks.LayerNorm(8, eps=eps)
-    with pytest.raises(ValueError, match=r"eps must be a finite float > 0"):
+    with pytest.raises(ValueError, match=r"^eps must be a finite number >= 0, got"):
         lnblocks.RMSNorm(8, eps=eps)
 
 
 def test_option_types_are_checked() -> None:
-    with pytest.raises(TypeError, match="eps must be a positive float"):
+    with pytest.raises(TypeError, match=r"^eps must be a number, got str '1e-5'"):
         lnblocks.LayerNorm(8, eps="1e-5")
-    with pytest.raises(TypeError, match="elementwise_affine must be a bool"):
+    with pytest.raises(TypeError, match=r"^eps must be a number or None, got str"):
+        lnblocks.RMSNorm(8, eps="1e-5")
+    with pytest.raises(TypeError, match=r"^elementwise_affine must be a bool"):
         lnblocks.LayerNorm(8, elementwise_affine=1)
-    with pytest.raises(ValueError, match=r"cast must be one of \['fp32', 'llama', 't5'\]"):
+    with pytest.raises(ValueError, match=r"^cast must be one of \['fp32', 'llama', 't5'\]"):
         lnblocks.RMSNorm(8, cast="gemma")
-    with pytest.raises(ValueError, match=r"zero_centered=True .* needs cast='fp32'"):
+    with pytest.raises(ValueError, match=r"^cast must be 'fp32' with zero_centered=True .*got 'llama'"):
         lnblocks.RMSNorm(8, cast="llama", zero_centered=True)
-    with pytest.raises(ValueError, match=r"backend must be one of \['auto', 'torch', 'triton'\]"):
+    with pytest.raises(ValueError, match=r"^backend must be one of \['auto', 'torch', 'triton'\]"):
         lnblocks.LayerNorm(8, backend="cuda")
 
 

@@ -1,0 +1,91 @@
+"""The one family table (``lnblocks.norms.MODEL_FAMILIES``) against transformers itself: every row's norm preset is
+the math and default eps HF uses, every HF class it names exists, and each derived view (presets, role layouts,
+recognised RMSNorm classes, convertible families) agrees with it."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+from hf_tiny import FAMILIES as TINY
+from hf_tiny import build
+
+from lnblocks.hf.classes import math_of_class, recognise
+from lnblocks.hf.families import FAMILIES as ROLE_FAMILIES
+from lnblocks.hf.families import LAYOUTS, role_map_for
+from lnblocks.models.hf_configs import FAMILIES as CONVERTIBLE
+from lnblocks.models.hf_configs import family_of
+from lnblocks.norms import MODEL_FAMILIES, NORM_PRESETS, norm_spec
+from lnblocks.norms.families import TORCH_LAYERNORM, family_of_model_type
+
+transformers = pytest.importorskip("transformers")
+HF_ROWS = [f for f in MODEL_FAMILIES.values() if f.model_types]
+
+
+def _hf_class(model_type: str, name: str) -> type:
+    return getattr(importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}"), name)
+
+
+def _config_eps(model_type: str) -> float:
+    config = transformers.AutoConfig.for_model(model_type)
+    for attr in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps"):
+        if hasattr(config, attr):
+            return getattr(config, attr)
+    return 1e-5  # OPT builds nn.LayerNorm without eps: torch's default
+
+
+def test_presets_are_the_table() -> None:
+    assert list(NORM_PRESETS) == list(MODEL_FAMILIES)
+    for name, family in MODEL_FAMILIES.items():
+        assert NORM_PRESETS[name] == norm_spec(dict(family.norm)) == norm_spec(name)
+
+
+@pytest.mark.parametrize("family", HF_ROWS, ids=lambda f: f.name)
+def test_row_matches_transformers(family) -> None:
+    preset = NORM_PRESETS[family.name]
+    for model_type in family.model_types:
+        assert family_of_model_type(model_type) is family
+        assert transformers.AutoConfig.for_model(model_type).model_type == model_type
+    if family.hf_norm_class == TORCH_LAYERNORM:
+        assert preset.kind == "layernorm"
+        assert preset.eps == _config_eps(family.model_types[0])  # the config's default layer_norm_eps
+    else:
+        cls = _hf_class(family.model_types[0], family.hf_norm_class)
+        assert inspect.signature(cls.__init__).parameters["eps"].default == preset.eps  # the class default
+        math = math_of_class(cls)  # recognised by its code, with the cast order the table states
+        assert math is not None and (math.cast, math.zero_centered) == (preset.cast, preset.zero_centered)
+        assert math.origin.split()[0] in {"LlamaRMSNorm", "Olmo2RMSNorm", "GemmaRMSNorm", "T5LayerNorm"}
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_norm_of_a_tiny_model_is_its_family_preset(name: str) -> None:
+    """The patcher reads each norm's spec from the module; it equals the row's preset up to the live eps."""
+    model = build(name)
+    family = family_of_model_type(model.config.model_type)
+    assert family is not None
+    specs = [
+        rec.math.spec(module, "auto")
+        for module in model.modules()
+        if (rec := recognise(module)) is not None and rec.math is not None
+    ]
+    assert specs
+    for spec in specs:
+        expected = NORM_PRESETS[family.name].replace(eps=spec.eps, elementwise_affine=spec.elementwise_affine)
+        if spec.kind == "layernorm":
+            expected = expected.replace(bias=spec.bias)
+        assert spec == expected
+
+
+def test_derived_views() -> None:
+    assert {f.roles for f in HF_ROWS} <= set(LAYOUTS)
+    assert {t for fam in ROLE_FAMILIES for t in fam.model_types} == {t for f in HF_ROWS for t in f.model_types}
+    model = build("gemma2")
+    assert role_map_for(model)[1].role("model.layers.0.post_attention_layernorm") == "post_attn"
+    assert CONVERTIBLE == ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+    for name in CONVERTIBLE:
+        lm_class = getattr(transformers, MODEL_FAMILIES[name].hf_lm_class)
+        config = lm_class.config_class()
+        assert config.model_type == name and family_of(config) == name
+    with pytest.raises(ValueError, match=r"unsupported model_type 'gemma2'"):
+        family_of(transformers.Gemma2Config())
