@@ -13,8 +13,10 @@ from lnblocks.blocks.config import _check_bool, _check_choice, _check_int, _chec
 
 Positions = Literal["learned", "rope", "none"]
 InitScheme = Literal["gpt2", "xavier", "deepnet"]
+QKVInit = Literal["per_matrix", "stacked"]
 POSITIONS: tuple[str, ...] = get_args(Positions)
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
+QKV_INITS: tuple[str, ...] = get_args(QKVInit)
 
 BlockSpec = BlockConfig | dict | Sequence[BlockConfig | dict] | Callable[[int], BlockConfig | dict]
 
@@ -38,6 +40,8 @@ class GPTConfig:
     ``"none"``. ``final_norm``: None follows the last block's placement rule (``PLACEMENTS[...].final_norm_rule``);
     True/False forces it. ``init``: ``"gpt2"``, ``"xavier"`` or ``"deepnet"`` (see ``lnblocks.models.init``);
     ``init_std``: GPT-2's 0.02; ``emb_init_std``: embedding std (None: ``init_std`` for gpt2, 1.0 otherwise).
+    ``qkv_init`` (Xavier schemes): ``"per_matrix"`` Xavier for W_Q, W_K, W_V each (fan ``d + d``), or
+    ``"stacked"`` Xavier over the stacked ``(3d, d)`` in-projection, as ``torch.nn.MultiheadAttention`` does.
     """
 
     vocab_size: int = 256
@@ -52,12 +56,16 @@ class GPTConfig:
     init_std: float = 0.02
     emb_init_std: float | None = None
     emb_dropout: float = 0.0
+    qkv_init: QKVInit = "per_matrix"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_seq_len", "n_layers"):
             _check_int(name, getattr(self, name))
         _check_choice("positions", self.positions, POSITIONS)
         _check_choice("init", self.init, INIT_SCHEMES)
+        _check_choice("qkv_init", self.qkv_init, QKV_INITS)
+        if self.qkv_init == "stacked" and self.init == "gpt2":
+            raise ValueError("qkv_init='stacked' is a Xavier variant: it needs init='xavier' or 'deepnet'")
         _check_bool("tie_weights", self.tie_weights)
         if self.final_norm is not None:
             _check_bool("final_norm", self.final_norm)
