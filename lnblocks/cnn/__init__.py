@@ -3,7 +3,7 @@
 BatchNorm1d/2d/3d, SyncBatchNorm (exact across unequal shards, CPU/gloo included) with ``convert_sync_batchnorm``,
 InstanceNorm1d/2d/3d, GroupNorm, LayerNorm2d (ConvNeXt's channels-first LN), BatchRenorm1d/2d (Ioffe 2017),
 ``normalize`` (the unified view: one function, the norms as choices of reduction dims) and ``fold_batchnorm``
-(inference folding into Conv/Linear). The small-batch study on sklearn's digits is ``lnblocks.cnn.digits_study``.
+(inference folding into Conv/Linear). The small-batch study on sklearn's digits lives in ``lnblocks.study.digits``.
 Imports nothing else from lnblocks.
 """
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lnblocks.config import Config, ConfigValueError
+from lnblocks.config import Config, ConfigValueError, _KeyedError
 from lnblocks.study.yamlfile import MergedFile, StudyFileError, load_merged
 
 DEFAULT_TASK = "lm"
@@ -157,6 +157,8 @@ class StudyConfig:
                 if not labels:
                     raise
                 where = ", ".join(f"{k}={v}" for k, v in labels)
+                if isinstance(err, _KeyedError):
+                    raise type(err)(f"grid point ({where}): {err.key}", err.detail) from None
                 raise type(err)(f"grid point ({where}): {err}") from None
             if run.hash in seen:
                 raise ConfigValueError(
