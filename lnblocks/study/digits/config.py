@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lnblocks.config import Config, ConfigTypeError, ConfigValueError, check_choice, check_float, check_int
-from lnblocks.study.config import MAX_SEED, config_hash, run_id
+from lnblocks.study.config import MAX_SEED, check_seed, config_hash, run_id
 
 NORM_KINDS = ("batch", "group", "layer2d", "instance", "batchrenorm")
 NORM_LABELS = {
@@ -130,7 +130,7 @@ class DigitsRunConfig(DigitsSettings):
         super().__post_init__()
         check_choice("norm", self.norm, NORM_KINDS)
         self._set("batch_size", check_int("batch_size", self.batch_size, minimum=2))
-        self._set("seed", check_int("seed", self.seed, minimum=0, maximum=MAX_SEED))
+        self._set("seed", check_seed("seed", self.seed))
         self._set("labels", tuple((str(k), str(v)) for k, v in self.labels))
 
     @classmethod
