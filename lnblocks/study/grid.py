@@ -141,6 +141,11 @@ class StudyConfig:
     description: str = ""
     source: str = ""
 
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "") -> StudyConfig:
+        """A study from a mapping with the schema of a study file (``task`` defaults to ``lm``; no ``extends``)."""
+        return study_from_dict(raw, source)
+
     @property
     def base(self) -> Any:
         """The run config the base options describe (no grid axis applied)."""

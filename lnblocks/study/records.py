@@ -45,9 +45,9 @@ class RecordError(ValueError):
 # ---- a small declarative checker -------------------------------------------------------------------------------
 
 
-def _get(obj: Mapping[str, Any], dotted: str, source: str) -> Any:
+def _get(obj: Mapping[str, Any], dotted: str, source: str, prefix: str = "") -> Any:
     node: Any = obj
-    done = []
+    done = [prefix.rstrip(".")] if prefix else []
     for part in dotted.split("."):
         if not isinstance(node, Mapping):
             raise RecordError(source, ".".join(done), f"must be a mapping, got {type(node).__name__}")
@@ -61,7 +61,7 @@ def _get(obj: Mapping[str, Any], dotted: str, source: str) -> Any:
 def _check(obj: Mapping[str, Any], spec: Mapping[str, tuple[type, ...] | str], source: str, prefix: str = "") -> None:
     """``spec``: dotted key -> allowed types (``type(None)`` for null), or ``"num?"`` / ``"num"`` / ``"num[]"``."""
     for key, kind in spec.items():
-        value = _get(obj, key, source)
+        value = _get(obj, key, source, prefix)
         full = f"{prefix}{key}"
         if kind in ("num", "num?"):
             ok = (isinstance(value, _NUM) and not isinstance(value, bool)) or (value is None and kind == "num?")

@@ -122,8 +122,13 @@ def run_study(
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    from lnblocks._optional import require
+
     study = config if isinstance(config, StudyConfig) else load_study(config)
     task = get_task(study.task)
+    require("tqdm")
+    if report:
+        require("matplotlib")  # fail before training, not after it
     out = Path(out_dir)
     show = sys.stderr.isatty() if show_progress is None else show_progress
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
