@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lnblocks.study.config import AnalysisConfig
-from lnblocks.study.metrics import lr_label
-from lnblocks.study.metrics import capped, classify, log_slope, lr_sensitivity, max_stable_lr, mean
+from lnblocks.study.metrics import capped, classify, log_slope, lr_label, lr_sensitivity, max_stable_lr, mean
 from lnblocks.study.records import RunRecord
 
 SWEEP_AXES = {"model.depth": "depth", "train.lr": "lr", "train.warmup": "warmup", "train.seed": "seed"}
@@ -211,9 +210,7 @@ def _verdict(ok: bool) -> str:
     return "reproduced" if ok else "did not reproduce"
 
 
-def xiong_findings(
-    rows: list[dict[str, Any]], records: list[RunRecord], analysis: AnalysisConfig
-) -> list[Finding]:
+def xiong_findings(rows: list[dict[str, Any]], records: list[RunRecord], analysis: AnalysisConfig) -> list[Finding]:
     """The Pre-LN vs Post-LN claims of Xiong et al. 2020 and the CPU pilot (docs/study-protocol.md)."""
     archs = {r["arch"] for r in rows}
     if not {"pre", "post"} <= archs:

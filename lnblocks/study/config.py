@@ -46,7 +46,9 @@ def check_seed(key: str, value: Any) -> int:
     """An int in ``[0, 2**62]``: what ``torch.Generator.manual_seed`` takes once the study adds its offsets."""
     value = check_int(key, value, minimum=0)
     if value > MAX_SEED:
-        raise ConfigValueError(key, f"must be in [0, 2**62] (a torch.Generator seed plus the study's offsets), got {value}")
+        raise ConfigValueError(
+            key, f"must be in [0, 2**62] (a torch.Generator seed plus the study's offsets), got {value}"
+        )
     return value
 
 
@@ -80,7 +82,9 @@ class DataConfig(Config):
         self._set("eval_fraction", check_float("eval_fraction", self.eval_fraction, lo=0, lo_open=True, hi=0.5))
         self._set("dirichlet_alpha", check_float("dirichlet_alpha", self.dirichlet_alpha, lo=0, lo_open=True))
         if self.source == "shakespeare" and self.vocab_size not in (None, 256):
-            raise ConfigValueError("vocab_size", f"is fixed at 256 for source 'shakespeare' (bytes), got {self.vocab_size}")
+            raise ConfigValueError(
+                "vocab_size", f"is fixed at 256 for source 'shakespeare' (bytes), got {self.vocab_size}"
+            )
 
     @property
     def vocab(self) -> int:

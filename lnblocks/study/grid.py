@@ -118,7 +118,9 @@ def parse_axis(name: Any, spec: Any, check_key: Callable[[str, str], None]) -> G
     values = []
     for label, overrides in spec.items():
         if not isinstance(overrides, dict) or not overrides:
-            raise ConfigValueError(f"grid.{name}.{label}", f"must be a mapping of dotted keys to values, got {overrides!r}")
+            raise ConfigValueError(
+                f"grid.{name}.{label}", f"must be a mapping of dotted keys to values, got {overrides!r}"
+            )
         for key in overrides:
             check_key(str(key), f"grid.{name}.{label}")
         values.append((str(label), tuple((str(k), v) for k, v in overrides.items())))

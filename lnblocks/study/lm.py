@@ -37,7 +37,8 @@ def check_key(key: str, where: str) -> None:
     if len(parts) == 3 and nested is not None:
         sub = [f for f in nested.__dataclass_fields__ if nested.__dataclass_fields__[f].init]
         if parts[2] not in sub:
-            raise ConfigValueError(key, f"is not a config key (in {where}); valid keys of '{parts[0]}.{parts[1]}': {sub}")
+            where_keys = f"valid keys of '{parts[0]}.{parts[1]}': {sub}"
+            raise ConfigValueError(key, f"is not a config key (in {where}); {where_keys}")
         return
     if len(parts) != 2:
         raise ConfigValueError(key, f"is not a config key (in {where}): too many dots")
@@ -51,9 +52,8 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
     """The ``StudyConfig`` of a merged study file of the ``lm`` task; every grid point is validated now."""
     unknown = sorted(str(k) for k in set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
-        raise ConfigValueError(
-            unknown[0], f"is not a top-level key of an lm study file; valid: {['name', 'description', 'task', 'extends', *TOP_LEVEL_KEYS]}"
-        )
+        valid = ["name", "description", "task", "extends", *TOP_LEVEL_KEYS]
+        raise ConfigValueError(unknown[0], f"is not a top-level key of an lm study file; valid: {valid}")
     base: dict[str, Any] = {}
     for section in SECTIONS:
         value = raw.get(section)
@@ -66,7 +66,8 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
     if grid is None:
         grid = {}
     if not isinstance(grid, dict):
-        raise ConfigTypeError("grid", f"must be a mapping of axes (dotted key: [values]), got {type(grid).__name__} {grid!r}")
+        got = f"{type(grid).__name__} {grid!r}"
+        raise ConfigTypeError("grid", f"must be a mapping of axes (dotted key: [values]), got {got}")
     axes = tuple(parse_axis(k, v, check_key) for k, v in grid.items())
     study = StudyConfig(
         name=name,
@@ -91,10 +92,7 @@ def train(run: RunConfig, show_progress: bool = False, position: int = 0) -> Run
 
 def outcome(record: RunRecord) -> str:
     r = record.result
-    if record.status == "diverged":
-        msg = f"diverged at step {r.diverged_step}"
-    else:
-        msg = f"eval loss {r.eval['final']:.3f}"
+    msg = f"diverged at step {r.diverged_step}" if record.status == "diverged" else f"eval loss {r.eval['final']:.3f}"
     return f"{record.id}: {msg} ({record.time['wall_s']:.0f} s)"
 
 

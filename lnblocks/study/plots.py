@@ -8,8 +8,7 @@ from typing import Any
 
 from lnblocks._optional import require
 from lnblocks.study.analysis import arch_of, gradient_profile, grouped
-from lnblocks.study.metrics import lr_label
-from lnblocks.study.metrics import mean
+from lnblocks.study.metrics import lr_label, mean
 from lnblocks.study.records import RunRecord
 
 STYLES = ("-", "--", ":", "-.")
@@ -191,9 +190,7 @@ def diagnostics_plot(records: list[RunRecord], path: Path) -> Path | None:
     pick = [
         r
         for r in recs
-        if r.config["model"]["depth"] == deep
-        and r.config["train"]["lr"] == lr0
-        and r.config["train"]["seed"] == seed0
+        if r.config["model"]["depth"] == deep and r.config["train"]["lr"] == lr0 and r.config["train"]["seed"] == seed0
     ]
     colors = _colors(sorted({arch_of(r) for r in records}))
     warmups = sorted({r.config["train"]["warmup"] for r in recs})

@@ -43,4 +43,3 @@ def get_task(name: str) -> Task:
     if name not in _TASKS:
         raise ConfigValueError("task", f"must be one of {list(_TASKS)}, got {name!r}")
     return importlib.import_module(_TASKS[name]).TASK
-

@@ -72,7 +72,7 @@ def test_round_trip_and_non_finite_numbers_become_null(tmp_path: Path) -> None:
         (lambda r: r["time"].pop("wall_s"), r"x\.json: time\.wall_s is missing"),
     ],
 )
-def test_invalid_records_name_the_file_and_key(tmp_path: Path, edit, match: str) -> None:  # noqa: ANN001
+def test_invalid_records_name_the_file_and_key(tmp_path: Path, edit, match: str) -> None:
     path = tmp_path / "x.json"
     raw = lm_record().to_json()
     edit(raw)

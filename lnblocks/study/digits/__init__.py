@@ -36,9 +36,7 @@ def make_run(tree: dict[str, Any], labels: tuple[tuple[str, str], ...]) -> Digit
 
 def study_config(cfg: DigitsStudyConfig, *, name: str, description: str = "", source: str = "") -> StudyConfig:
     """The runner's ``StudyConfig`` of a ``DigitsStudyConfig``: axes norm x batch_size x seed."""
-    axes = tuple(
-        GridAxis(axis, tuple((str(v), ((axis, v),)) for v in getattr(cfg, key))) for key, axis in AXES.items()
-    )
+    axes = tuple(GridAxis(axis, tuple((str(v), ((axis, v),)) for v in getattr(cfg, key))) for key, axis in AXES.items())
     study = StudyConfig(
         name=name,
         task="cnn_digits",

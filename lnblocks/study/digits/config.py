@@ -69,7 +69,9 @@ class DigitsSettings(Config):
     def __post_init__(self) -> None:
         self._set("widths", _int_list("widths", self.widths, 1, distinct=False))
         if len(self.widths) < 2:
-            raise ConfigValueError("widths", f"needs at least 2 conv layers (pooling follows the second), got {self.widths}")
+            raise ConfigValueError(
+                "widths", f"needs at least 2 conv layers (pooling follows the second), got {list(self.widths)}"
+            )
         for name in ("epochs", "min_steps", "gn_groups", "threads"):
             self._set(name, check_int(name, getattr(self, name)))
         if any(w % self.gn_groups for w in self.widths):

@@ -1,4 +1,5 @@
-"""Analysis of the digits study (Wu & He 2018, arXiv 1803.08494): mean +- std table (markdown, CSV), accuracy-vs-batch-size plot, and the verdict on
+"""Analysis of the digits study (Wu & He 2018, arXiv 1803.08494): mean +- std table (markdown, CSV),
+accuracy-vs-batch-size plot, and the verdict on
 Wu & He (2018), Fig. 1: BatchNorm's accuracy falls as the batch shrinks, GroupNorm's does not.
 
 Verdict rule, per norm, between the largest and the smallest batch size: the change in mean test accuracy counts
