@@ -141,9 +141,9 @@ def test_placements_config_runs_every_variant_for_two_steps() -> None:
     assert isinstance(small, StudyConfig) and len(small.runs()) == 9
     for run in small.runs():
         rec = train_run(run, show_progress=False)
-        assert rec["status"] == "finished" and rec["steps_done"] == 2, run.run_id
-        assert len(rec["init_grad"]["expected"]["W_2"]) == 4
-        d = rec["diagnostics"][0]
+        assert rec.status == "finished" and rec.result.steps_done == 2, run.run_id
+        assert len(rec.result.init_grad["expected"]["W_2"]) == 4
+        d = rec.result.diagnostics[0]
         assert len(d["residual_rms"]) == 5 and len(d["attn_max_logit"]) == 4
         if run.label_dict["variant"] == "none":
             assert "norm" not in d["grad_norm"]  # nothing to report for a norm-free stack
