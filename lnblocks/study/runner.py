@@ -140,6 +140,14 @@ def run_study(
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
     total = done + len(todo)
+    ids = {r.run_id for r in study.runs()}
+    others = [p for p in runs_dir.glob("*.json") if p.stem not in ids]
+    if others:
+        print(
+            f"note: {len(others)} record(s) in {runs_dir} are not runs of this study (another config, or an older "
+            "lnblocks whose run ids differ); they are left alone and not reported",
+            file=sys.stderr,
+        )
     print(f"study {study.name!r}: {total} runs, {done} already finished, {len(todo)} to run -> {out}", flush=True)
     failed: list[tuple[str, str]] = []
     elsewhere: list[str] = []
