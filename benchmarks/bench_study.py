@@ -36,12 +36,12 @@ def measure(depth: int, steps: int, repeats: int) -> dict[str, float]:
     plain, diag, every_step, init = [], [], [], []
     train_run(run_config(depth, 5, 0, 0), show_progress=False)  # warm-up: corpus load, allocator
     for _ in range(repeats):
-        plain.append(train_run(run_config(depth, steps, 0, 0), show_progress=False)["time"]["step_cpu_ms"])
+        plain.append(train_run(run_config(depth, steps, 0, 0), show_progress=False).time["step_cpu_ms"])
         rec = train_run(run_config(depth, steps, 10, 0), show_progress=False)
-        diag.append(rec["time"]["step_cpu_ms"])
-        every_step.append(train_run(run_config(depth, steps // 4, 1, 0), show_progress=False)["time"]["step_cpu_ms"])
-        with_init = train_run(run_config(depth, 1, 0, 4), show_progress=False)["time"]["cpu_s"]
-        without = train_run(run_config(depth, 1, 0, 0), show_progress=False)["time"]["cpu_s"]
+        diag.append(rec.time["step_cpu_ms"])
+        every_step.append(train_run(run_config(depth, steps // 4, 1, 0), show_progress=False).time["step_cpu_ms"])
+        with_init = train_run(run_config(depth, 1, 0, 4), show_progress=False).time["cpu_s"]
+        without = train_run(run_config(depth, 1, 0, 0), show_progress=False).time["cpu_s"]
         init.append(max(with_init - without, 0.0))
     p, d, e = statistics.median(plain), statistics.median(diag), statistics.median(every_step)
     return {"plain_ms": p, "diag_ms": d, "ratio": d / p, "every1": e / p, "init_s": statistics.median(init)}

@@ -1,10 +1,20 @@
-"""The ``lnblocks`` command: argument parsing only; every subcommand calls into its package lazily."""
+"""The ``lnblocks`` command: argument parsing only; every subcommand calls into its package lazily.
+
+A user error (a bad config value, a missing file, a missing optional package, an unreadable record) prints one line
+``lnblocks: error: ...`` on stderr and exits with status 2; ``--debug`` (or ``LNBLOCKS_DEBUG=1``) shows the traceback
+instead. Other exit statuses are the subcommand's: ``study run`` 1 when a run failed, ``patch-check`` 1 when the
+patched model's outputs differ.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
+EXIT_USER_ERROR = 2
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -37,33 +47,78 @@ def _cmd_study_report(args: argparse.Namespace) -> int:
     return build_report(args.out)
 
 
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lnblocks", description="Normalization for Transformers.")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
+    )
+    parser = argparse.ArgumentParser(prog="lnblocks", description="Normalization for Transformers.", parents=[debug])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("demo", help="the library's main job (what `make demo` runs)").set_defaults(func=_cmd_demo)
-    sub.add_parser("parity", help="print the norm parity table against torch and HF").set_defaults(func=_cmd_parity)
+    sub.add_parser("demo", parents=[debug], help="the library's main job (what `make demo` runs)").set_defaults(
+        func=_cmd_demo
+    )
+    sub.add_parser("parity", parents=[debug], help="print the norm parity table against torch and HF").set_defaults(
+        func=_cmd_parity
+    )
 
-    check = sub.add_parser("patch-check", help="patch a local HF model folder's norms and compare with the original")
+    check = sub.add_parser(
+        "patch-check", parents=[debug], help="patch a local HF model folder's norms and compare with the original"
+    )
     check.add_argument("model_dir", help="a local folder holding an HF model (config.json + weights)")
     check.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     check.set_defaults(func=_cmd_patch_check)
 
-    study = sub.add_parser("study", help="Pre/Post-LN stability studies").add_subparsers(dest="study", required=True)
-    run = study.add_parser("run", help="run a study grid (skips finished runs) and build its report")
-    run.add_argument("config", help="a study YAML config (see configs/)")
-    run.add_argument("--out", required=True, help="output folder: runs/, summary.csv, plots, report.md")
-    run.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
+    study = sub.add_parser("study", parents=[debug], help="experiments: the Pre/Post-LN study, the CNN digits study")
+    study_sub = study.add_subparsers(dest="study", required=True)
+    run = study_sub.add_parser("run", parents=[debug], help="run a study grid (skips finished runs) and its report")
+    run.add_argument("config", help="a study YAML config (see configs/): task lm or cnn_digits")
+    run.add_argument("--out", required=True, help="output folder: study.json, runs/, report files")
+    run.add_argument("--workers", type=_workers, default=1, help="parallel worker processes (default 1)")
     run.set_defaults(func=_cmd_study_run)
-    report = study.add_parser("report", help="rebuild summary.csv, plots and report.md from OUT/runs")
+    report = study_sub.add_parser("report", parents=[debug], help="rebuild the report of OUT from its records")
     report.add_argument("out", help="a study output folder")
     report.set_defaults(func=_cmd_study_report)
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in text:
+        text = f"{text}: {err.filename}"
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    debug = getattr(args, "debug", False) or os.environ.get("LNBLOCKS_DEBUG", "") not in ("", "0")
+    if debug:
+        return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("lnblocks: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as err:
+        print(f"lnblocks: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as err:  # a bug: still one line, the traceback is one flag away
+        print(
+            f"lnblocks: internal error ({type(err).__name__}): {_one_line(err)} "
+            "(rerun with --debug or LNBLOCKS_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -75,8 +75,11 @@ def _type_name(value: object) -> str:
 # ---- validators: each returns the normalised value (e.g. numpy ints -> int) --------------------------------------
 
 
-def check_int(key: str, value: Any, *, minimum: int | None = 1, allow_none: bool = False) -> int | None:
-    """An integral value (``int``, numpy ints; never ``bool``) ``>= minimum``; returned as a plain ``int``."""
+def check_int(
+    key: str, value: Any, *, minimum: int | None = 1, maximum: int | None = None, allow_none: bool = False
+) -> int | None:
+    """An integral value (``int``, numpy ints; never ``bool``) in ``[minimum, maximum]``; returned as a plain
+    ``int``."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -85,6 +88,8 @@ def check_int(key: str, value: Any, *, minimum: int | None = 1, allow_none: bool
     value = operator.index(value)
     if minimum is not None and value < minimum:
         raise ConfigValueError(key, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigValueError(key, f"must be <= {maximum}, got {value}")
     return value
 
 

@@ -7,6 +7,7 @@ InstanceNorm1d/2d/3d, GroupNorm, LayerNorm2d (ConvNeXt's channels-first LN), Bat
 SwitchableNorm2d (learned IN/LN/BN mix), FRN2d + TLU, EvoNormB0/S0, AdaIN (``adaptive_instance_norm``), WSConv2d
 and ScaledWSConv2d (weight standardization, NF-ResNets) with ``adaptive_grad_clip_`` (NFNets' AGC). Weight norm and
 LRN are torch's own (``torch.nn.utils.parametrizations.weight_norm``, ``torch.nn.LocalResponseNorm``).
+The small-batch study on sklearn's digits lives in ``lnblocks.study.digits``.
 Imports nothing else from lnblocks.
 """
 

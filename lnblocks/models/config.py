@@ -23,8 +23,10 @@ from lnblocks.norms import NormSpec
 
 Positions = Literal["learned", "rope", "none"]
 InitScheme = Literal["gpt2", "xavier", "deepnet"]
+QKVInit = Literal["per_matrix", "stacked"]
 POSITIONS: tuple[str, ...] = get_args(Positions)
 INIT_SCHEMES: tuple[str, ...] = get_args(InitScheme)
+QKV_INITS: tuple[str, ...] = get_args(QKVInit)
 
 BlockSpec = BlockConfig | dict | Sequence[BlockConfig | dict] | Callable[[int], BlockConfig | dict]
 
@@ -49,6 +51,8 @@ class GPTConfig(Config):
     ``emb_norm``: None, or a norm (anything ``build_norm`` takes) on the embeddings before the first block: BERT's
     embedding LayerNorm (over token + position embeddings, before the embedding dropout; Devlin et al. 2019,
     arXiv 1810.04805) and BLOOM's ``word_embeddings_layernorm`` (arXiv 2211.05100).
+    ``qkv_init`` (Xavier schemes): ``"per_matrix"`` Xavier for W_Q, W_K, W_V each (fan ``d + d``), or
+    ``"stacked"`` Xavier over the stacked ``(3d, d)`` in-projection, as ``torch.nn.MultiheadAttention`` does.
     """
 
     vocab_size: int = 256
@@ -64,12 +68,16 @@ class GPTConfig(Config):
     emb_init_std: float | None = None
     emb_dropout: float = 0.0
     emb_norm: NormSpec | str | dict | None = None
+    qkv_init: QKVInit = "per_matrix"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_seq_len", "n_layers"):
             self._set(name, check_int(name, getattr(self, name)))
         check_choice("positions", self.positions, POSITIONS)
         check_choice("init", self.init, INIT_SCHEMES)
+        check_choice("qkv_init", self.qkv_init, QKV_INITS)
+        if self.qkv_init == "stacked" and self.init == "gpt2":
+            raise ConfigValueError("qkv_init", "'stacked' is a Xavier variant: it needs init='xavier' or 'deepnet'")
         check_bool("tie_weights", self.tie_weights)
         check_bool("final_norm", self.final_norm, allow_none=True)
         self._set("emb_dropout", check_prob("emb_dropout", self.emb_dropout))

@@ -6,6 +6,8 @@
 - ``"xavier"`` (Glorot & Bengio 2010), the setting of the Pre/Post-LN analysis of Xiong et al. 2020: Xavier-normal
   for every matrix, computed per logical matrix (W_Q, W_K, W_V separately, not over the fused ``qkv``), biases 0,
   embeddings ``N(0, 1)`` (unit variance, as ``sqrt(d)``-scaled embeddings in Vaswani et al. 2017).
+  With ``qkv_init="stacked"`` the q/k/v projection instead gets one Xavier draw over the stacked ``(3d, d)``
+  matrix (std ``sqrt(2 / 4d)``), the convention of ``torch.nn.MultiheadAttention``'s ``in_proj_weight``.
 - ``"deepnet"`` (Wang et al. 2022, DeepNet): as ``"xavier"``, but in ``"deepnorm"`` layers W_V, W_O and the MLP
   matrices get gain ``beta = (8N)^(-1/4)`` (decoder-only, N layers); W_Q and W_K keep gain 1.
 
@@ -60,9 +62,13 @@ def init_weights(model: GPT, scheme: str | None = None) -> None:
             continue
         beta = deepnorm_beta(cfg.n_layers) if scheme == "deepnet" and blk.config.placement == "deepnorm" else 1.0
         w_q, w_k, w_v = attn.split_qkv(attn.qkv.weight)
-        nn.init.xavier_normal_(w_q)
-        nn.init.xavier_normal_(w_k)
-        nn.init.xavier_normal_(w_v, gain=beta)
+        if cfg.qkv_init == "stacked":
+            nn.init.xavier_normal_(attn.qkv.weight)  # rows [W_Q; W_K; W_V], fan_in + fan_out = d + 3d
+            w_v.mul_(beta)
+        else:
+            nn.init.xavier_normal_(w_q)
+            nn.init.xavier_normal_(w_k)
+            nn.init.xavier_normal_(w_v, gain=beta)
         nn.init.xavier_normal_(attn.proj.weight, gain=beta)
         for w in mlp.split_fc1(mlp.fc1.weight) if mlp.gated else (mlp.fc1.weight,):
             nn.init.xavier_normal_(w, gain=beta)

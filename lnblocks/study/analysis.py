@@ -10,39 +10,45 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from lnblocks.study.grid import AnalysisConfig, lr_label
-from lnblocks.study.metrics import capped, classify, log_slope, lr_sensitivity, max_stable_lr, mean
+from lnblocks.study.config import AnalysisConfig
+from lnblocks.study.metrics import capped, classify, log_slope, lr_label, lr_sensitivity, max_stable_lr, mean
+from lnblocks.study.records import RunRecord
 
 SWEEP_AXES = {"model.depth": "depth", "train.lr": "lr", "train.warmup": "warmup", "train.seed": "seed"}
 
 
-def arch_of(rec: dict[str, Any]) -> str:
+def arch_of(rec: RunRecord) -> str:
     """What a run compares: the labels of its grid axes other than depth / lr / warmup / seed (e.g. ``"post"``),
     or its placement (plus the norm kind when it is not LayerNorm)."""
-    other = [str(v) for k, v in rec.get("labels", {}).items() if k not in SWEEP_AXES]
+    other = [str(v) for k, v in rec.labels.items() if k not in SWEEP_AXES]
     if other:
         return "/".join(other)
-    m = rec["config"]["model"]
+    m = rec.config["model"]
     kind = m["norm"]["kind"]
     return m["placement"] if kind == "layernorm" else f"{m['placement']}+{kind}"
 
 
-def _last(values: list[float] | None) -> float | None:
+def _last(values: list[float | None] | None) -> float | None:
     return values[-1] if values else None
 
 
-def run_row(rec: dict[str, Any], analysis: AnalysisConfig) -> dict[str, Any]:
+def _top(values: list[float | None] | None) -> float | None:
+    finite = [v for v in values or [] if v is not None]
+    return max(finite) if finite else None
+
+
+def run_row(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
     """One flat row of ``summary.csv``: the grid coordinates, outcome, losses and headline diagnostics."""
-    cfg, ref = rec["config"], rec["reference"]
+    cfg, ref = rec.config, rec.result.reference
     use_eval = analysis.final_loss == "eval"
-    final = rec["eval"]["final"] if use_eval else rec["final_train_loss"]
-    initial = rec["eval"]["init"] if use_eval else rec["initial_loss"]
-    diverged = rec["status"] == "diverged"
-    w2 = rec.get("init_grad", {}).get("expected", {}).get("W_2")
-    diags = rec.get("diagnostics") or []
+    final = rec.result.eval["final"] if use_eval else rec.result.final_train_loss
+    initial = rec.result.eval["init"] if use_eval else rec.result.initial_loss
+    diverged = rec.status == "diverged"
+    w2 = (rec.result.init_grad or {}).get("expected", {}).get("W_2")
+    diags = rec.result.diagnostics
     first, last = (diags[0], diags[-1]) if diags else ({}, {})
     return {
-        "id": rec["id"],
+        "id": rec.id,
         "arch": arch_of(rec),
         "placement": cfg["model"]["placement"],
         "norm": cfg["model"]["norm"]["kind"],
@@ -52,42 +58,42 @@ def run_row(rec: dict[str, Any], analysis: AnalysisConfig) -> dict[str, Any]:
         "warmup": cfg["train"]["warmup"],
         "schedule": cfg["train"]["schedule"],
         "seed": cfg["train"]["seed"],
-        "status": rec["status"],
+        "status": rec.status,
         "outcome": classify(final, diverged, ref["unigram"], analysis.stuck_margin),
-        "diverged_step": rec["diverged_step"],
-        "steps_done": rec["steps_done"],
+        "diverged_step": rec.result.diverged_step,
+        "steps_done": rec.result.steps_done,
         "initial_loss": initial,
         "final_loss": final,
-        "final_train_loss": rec["final_train_loss"],
-        "eval_loss": rec["eval"]["final"],
+        "final_train_loss": rec.result.final_train_loss,
+        "eval_loss": rec.result.eval["final"],
         "unigram_loss": ref["unigram"],
         "uniform_loss": ref["uniform"],
         "floor_loss": ref.get("floor"),
         "init_gradW2_first": w2[0] if w2 else None,
         "init_gradW2_last": w2[-1] if w2 else None,
-        "init_gradW2_ratio": w2[-1] / w2[0] if w2 and w2[0] > 0 else None,
+        "init_gradW2_ratio": w2[-1] / w2[0] if w2 and w2[0] and w2[-1] is not None and w2[0] > 0 else None,
         "init_residual_rms_last": _last(first.get("residual_rms")),
         "final_residual_rms_last": _last(last.get("residual_rms")),
         "final_grad_norm_total": last.get("grad_norm_total"),
-        "final_attn_max_logit": max(last["attn_max_logit"]) if last.get("attn_max_logit") else None,
+        "final_attn_max_logit": _top(last.get("attn_max_logit")),
         "final_max_output_logit": last.get("max_output_logit"),
-        "wall_s": rec["time"]["wall_s"],
-        "cpu_s": rec["time"]["cpu_s"],
-        "step_ms": rec["time"]["step_ms"],
+        "wall_s": rec.time["wall_s"],
+        "cpu_s": rec.time["cpu_s"],
+        "step_ms": rec.time["step_ms"],
     }
 
 
-def gradient_profile(records: list[dict[str, Any]], group: str = "W_2") -> dict[tuple[str, int], dict[str, Any]]:
+def gradient_profile(records: list[RunRecord], group: str = "W_2") -> dict[tuple[str, int], dict[str, Any]]:
     """Per (arch, depth): the init expected-gradient norm of ``group`` by layer, averaged over runs (seeds etc.:
     init does not depend on LR or warmup), and its last/first ratio (Xiong et al. 2020, Fig. 3)."""
     acc: dict[tuple[str, int], list[list[float]]] = defaultdict(list)
     seen: set[tuple[str, int, int]] = set()
     for rec in records:
-        prof = rec.get("init_grad", {}).get("expected", {}).get(group)
+        prof = (rec.result.init_grad or {}).get("expected", {}).get(group)
         if not prof:
             continue
-        key = (arch_of(rec), rec["config"]["model"]["depth"])
-        seed = rec["config"]["train"]["seed"]
+        key = (arch_of(rec), rec.config["model"]["depth"])
+        seed = rec.config["train"]["seed"]
         if (*key, seed) in seen:  # the same init appears once per (lr, warmup): count it once
             continue
         seen.add((*key, seed))
@@ -204,10 +210,8 @@ def _verdict(ok: bool) -> str:
     return "reproduced" if ok else "did not reproduce"
 
 
-def xiong_findings(
-    rows: list[dict[str, Any]], records: list[dict[str, Any]], analysis: AnalysisConfig
-) -> list[Finding]:
-    """The Pre-LN vs Post-LN claims of Xiong et al. 2020 and the CPU pilot (reference/stability.md §7, §10)."""
+def xiong_findings(rows: list[dict[str, Any]], records: list[RunRecord], analysis: AnalysisConfig) -> list[Finding]:
+    """The Pre-LN vs Post-LN claims of Xiong et al. 2020 and the CPU pilot (docs/study-protocol.md)."""
     archs = {r["arch"] for r in rows}
     if not {"pre", "post"} <= archs:
         return [Finding("Pre-LN vs Post-LN", "not tested", "the grid has no 'pre' and 'post' arms to compare")]

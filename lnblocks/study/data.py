@@ -2,7 +2,7 @@
 
 Both give random training batches from a caller-owned ``torch.Generator`` (so the run seed fixes the data order),
 a fixed held-out eval set, and reference losses: ``uniform`` = ln V, ``unigram`` = the loss of a model that knows
-the token frequencies and nothing else (where a Post-LN run that fails to train sits; reference/stability.md §10),
+the token frequencies and nothing else (where a Post-LN run that fails to train sits; docs/study-protocol.md),
 and for the chain its exact entropy-rate ``floor``.
 """
 
@@ -12,7 +12,6 @@ import functools
 import math
 from importlib import resources
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -116,6 +115,7 @@ class MarkovChain(TokenSource):
 
     def __init__(self, cfg: DataConfig) -> None:
         self.cfg = cfg
+        np = require("numpy")
         V = self.vocab_size = cfg.vocab
         rng = np.random.default_rng(cfg.data_seed)
         P = rng.dirichlet(np.full(V, cfg.dirichlet_alpha), size=V)  # (V, V), rows sum to 1

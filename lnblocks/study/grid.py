@@ -1,7 +1,8 @@
-"""``StudyConfig``: a YAML study file (with ``extends:`` base configs) validated and expanded into ``RunConfig``s.
+"""``StudyConfig``: a study file (with ``extends:`` base files) validated and expanded into one run config per grid
+point, for any task (the language-model study, the CNN digits study).
 
-A study file has the run sections (``data``, ``model``, ``train``, ``diagnostics``: the base run), an ``analysis``
-section, and a ``grid``. Each grid axis is either a dotted key with a list of values::
+A study file names its ``task`` (default ``lm``), holds the base run's options and a ``grid``. Each grid axis is
+either a dotted key with a list of values::
 
     grid:
       model.placement: [pre, post]
@@ -14,49 +15,27 @@ or a named axis whose values are labelled bundles of overrides (for settings tha
         deepnorm: {model.placement: deepnorm, model.init: deepnet}
         dyt: {model.norm: dyt}
 
-The grid is the product of the axes in file order. ``extends: base.yaml`` (or a list) deep-merges the base files
-first (paths relative to the including file); a key set to ``null`` in the child removes it.
+The grid is the product of the axes in file order; overrides apply to the base options before validation. Labels
+are unique per distinct value (a dict value's label names the options that tell it apart). ``extends: base.yaml``
+(or a list) deep-merges the base files first (paths relative to the including file); ``null`` removes a key. A value
+set in a file that an inherited grid axis would override in every run is refused.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
-import math
-from dataclasses import dataclass, field
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from lnblocks._optional import require
-from lnblocks.study.config import SECTIONS, OptimizerConfig, RunConfig, _Section
+from lnblocks.config import Config, ConfigValueError, _KeyedError
+from lnblocks.study.yamlfile import MergedFile, StudyFileError, load_merged
 
-TOP_LEVEL_KEYS = ("extends", "name", "description", *SECTIONS, "analysis", "grid")
-FINAL_LOSSES = ("eval", "train")
-
-
-@dataclass(frozen=True)
-class AnalysisConfig(_Section):
-    """How runs are classified in the report.
-
-    A run is *diverged* when it stopped early (non-finite or exploding loss); *stuck* when its final loss stays
-    within ``stuck_margin`` nats of the context-free plateau (the unigram loss of the eval split: a model that has
-    learnt byte frequencies and nothing else; reference/stability.md §10); *trained* otherwise. ``final_loss``: the
-    held-out ``"eval"`` loss or the ``"train"`` loss averaged over the last ``train.final_window`` steps.
-    ``stable_tol``: the max stable LR is the largest LR whose loss is within this of the best loss at that depth.
-    """
-
-    prefix: ClassVar[str] = "analysis"
-    floats: ClassVar[tuple[str, ...]] = ("stuck_margin", "stable_tol")
-
-    stuck_margin: float = 0.3
-    stable_tol: float = 0.1
-    final_loss: str = "eval"
-
-    def __post_init__(self) -> None:
-        self._coerce_floats()
-        self._float("stuck_margin")
-        self._float("stable_tol")
-        self._choice("final_loss", FINAL_LOSSES)
+DEFAULT_TASK = "lm"
 
 
 @dataclass(frozen=True)
@@ -66,8 +45,13 @@ class GridAxis:
     name: str
     values: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
 
+    @property
+    def keys(self) -> list[str]:
+        """Every dotted key this axis sets."""
+        return sorted({k for _, overrides in self.values for k, _ in overrides})
 
-def _label(value: Any) -> str:
+
+def _scalar_label(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, dict):
@@ -75,181 +59,204 @@ def _label(value: Any) -> str:
     return str(value)
 
 
-def check_key(key: str, where: str) -> tuple[str, ...]:
-    """Split a dotted config key and check that it names a field; ``ValueError`` naming it otherwise."""
-    parts = tuple(key.split("."))
-    if parts[0] not in SECTIONS:
-        raise ValueError(f"{where}: {key!r} is not a config key; it must start with one of {list(SECTIONS)}")
-    cls = SECTIONS[parts[0]]
-    names = [f.name for f in dataclasses.fields(cls)]
-    if len(parts) < 2 or parts[1] not in names:
-        raise ValueError(f"{where}: {key!r} is not a config key; valid keys in {parts[0]!r}: {names}")
-    if parts[:2] == ("train", "optimizer") and len(parts) == 3:
-        sub = [f.name for f in dataclasses.fields(OptimizerConfig)]
-        if parts[2] not in sub:
-            raise ValueError(f"{where}: {key!r} is not a config key; valid keys in 'train.optimizer': {sub}")
-        return parts
-    if len(parts) != 2:
-        raise ValueError(f"{where}: {key!r} is not a config key (too many dots)")
-    return parts
+def value_labels(name: str, values: Sequence[Any]) -> list[str]:
+    """Labels of an axis's values, unique per distinct value: a dict is labelled by its ``kind`` plus the options
+    that differ among the dicts sharing that label (``dyt(alpha_init=0.5)``); a float by ``%g``, then by ``repr``
+    where ``%g`` collides. Values that still share a label are refused (``ValueError``)."""
+    labels = [_scalar_label(v) for v in values]
+    for label in set(labels):
+        same = [i for i, lab in enumerate(labels) if lab == label]
+        if len(same) < 2:
+            continue
+        if all(isinstance(values[i], dict) for i in same):
+            keys = sorted({k for i in same for k in values[i]} - {"kind"})
+            differ = [k for k in keys if len({json.dumps(values[i].get(k), sort_keys=True) for i in same}) > 1]
+            for i in same:
+                opts = ",".join(f"{k}={_scalar_label(values[i].get(k))}" for k in differ)
+                labels[i] = f"{label}({opts})" if opts else label
+        else:
+            for i in same:
+                labels[i] = repr(values[i]) if isinstance(values[i], float) else labels[i]
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        if label in seen and values[seen[label]] != values[i]:
+            raise ConfigValueError(
+                f"grid.{name}", f"values {values[seen[label]]!r} and {values[i]!r} would share the label {label!r}"
+            )
+        seen[label] = i
+    return labels
 
 
-def _set(tree: dict[str, Any], parts: tuple[str, ...], value: Any) -> None:
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """``tree[a][b][c] = value`` for ``key = "a.b.c"`` (creating the mappings on the way)."""
+    parts = key.split(".")
     node = tree
     for p in parts[:-1]:
-        node = node.setdefault(p, {})
+        child = node.get(p)
+        if not isinstance(child, dict):
+            child = node[p] = {}
+        node = child
     node[parts[-1]] = value
 
 
-def _parse_axis(name: Any, spec: Any) -> GridAxis:
+def parse_axis(name: Any, spec: Any, check_key: Callable[[str, str], None]) -> GridAxis:
+    """One ``grid`` entry: a dotted key with a non-empty list, or a named axis of labelled override bundles."""
     if not isinstance(name, str):
-        raise ValueError(f"grid axis names must be strings, got {name!r}")
+        raise ConfigValueError("grid", f"axis names must be strings, got {name!r}")
     if "." in name:
         check_key(name, "grid")
         if not isinstance(spec, list) or not spec:
-            raise ValueError(f"grid.{name} must be a non-empty list of values, got {spec!r}")
-        return GridAxis(name, tuple((_label(v), ((name, v),)) for v in spec))
+            raise ConfigValueError(f"grid.{name}", f"must be a non-empty list of values, got {spec!r}")
+        labels = value_labels(name, spec)
+        return GridAxis(name, tuple((lab, ((name, v),)) for lab, v in zip(labels, spec)))
     if not isinstance(spec, dict) or not spec:
-        raise ValueError(
-            f"grid.{name}: a named axis maps labels to overrides, e.g. {{deepnorm: {{model.placement: deepnorm}}}}; "
-            f"got {spec!r} (a dotted key such as 'model.depth' takes a list of values)"
+        raise ConfigValueError(
+            f"grid.{name}",
+            "a named axis maps labels to overrides, e.g. {deepnorm: {model.placement: deepnorm}}; "
+            f"got {spec!r} (a dotted key such as 'model.depth' takes a list of values)",
         )
     values = []
     for label, overrides in spec.items():
-        if not isinstance(overrides, dict):
-            raise ValueError(f"grid.{name}.{label} must be a mapping of dotted keys to values, got {overrides!r}")
+        if not isinstance(overrides, dict) or not overrides:
+            raise ConfigValueError(
+                f"grid.{name}.{label}", f"must be a mapping of dotted keys to values, got {overrides!r}"
+            )
         for key in overrides:
             check_key(str(key), f"grid.{name}.{label}")
-        values.append((str(label), tuple(overrides.items())))
+        values.append((str(label), tuple((str(k), v) for k, v in overrides.items())))
     return GridAxis(name, tuple(values))
 
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """A validated study: ``base`` run, ``axes`` of the grid, ``analysis`` settings. ``runs()`` expands the grid."""
+    """A validated study: the task, the base ``options`` (a plain tree, before validation), the grid ``axes`` and
+    the task's report settings (``analysis``). ``runs()`` expands the grid into the task's run configs; ``base`` is
+    the run config of the options alone."""
 
     name: str
-    base: RunConfig
+    task: str
+    options: dict[str, Any]
+    make_run: Callable[[dict[str, Any], tuple[tuple[str, str], ...]], Any]
+    check_key: Callable[[str, str], None]
     axes: tuple[GridAxis, ...] = ()
-    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    analysis: Config | None = None
     description: str = ""
     source: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "") -> StudyConfig:
-        unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
-        if unknown:
-            raise ValueError(
-                f"{source or 'study config'}: unknown top-level key(s) {unknown}; valid: {list(TOP_LEVEL_KEYS)}"
-            )
-        base = RunConfig.from_dict({k: raw.get(k) for k in SECTIONS})
-        grid = raw.get("grid") or {}
-        if not isinstance(grid, dict):
-            raise ValueError(f"grid must be a mapping of axes, got {grid!r}")
-        axes = tuple(_parse_axis(k, v) for k, v in grid.items())
-        name = raw.get("name") or (Path(source).stem if source else "study")
-        study = cls(
-            name=str(name),
-            base=base,
-            axes=axes,
-            analysis=AnalysisConfig.from_dict(raw.get("analysis")),
-            description=str(raw.get("description") or ""),
-            source=source,
-        )
-        study.runs()  # every grid point must validate now, not halfway through a sweep
-        return study
+        """A study from a mapping with the schema of a study file (``task`` defaults to ``lm``; no ``extends``)."""
+        return study_from_dict(raw, source)
 
-    def runs(self) -> list[RunConfig]:
-        """One ``RunConfig`` per grid point (product of the axes in file order); duplicates raise ``ValueError``."""
-        base = self.base.to_dict()
-        out: list[RunConfig] = []
+    @property
+    def base(self) -> Any:
+        """The run config the base options describe (no grid axis applied)."""
+        return self.make_run(copy.deepcopy(self.options), ())
+
+    def runs(self) -> list[Any]:
+        """One run config per grid point (product of the axes in file order); duplicates raise ``ValueError``."""
+        out: list[Any] = []
         seen: dict[str, tuple[tuple[str, str], ...]] = {}
         for point in itertools.product(*(axis.values for axis in self.axes)):
-            tree = {k: dict(v) for k, v in base.items()}
-            tree["train"]["optimizer"] = dict(tree["train"]["optimizer"])
+            tree = copy.deepcopy(self.options)
             labels = []
             for axis, (label, overrides) in zip(self.axes, point):
                 labels.append((axis.name, label))
                 for key, value in overrides:
-                    _set(tree, check_key(key, f"grid.{axis.name}"), value)
+                    set_dotted(tree, key, copy.deepcopy(value))
             try:
-                run = RunConfig.from_dict(tree, labels=tuple(labels))
+                run = self.make_run(tree, tuple(labels))
             except (TypeError, ValueError) as err:
+                if not labels:
+                    raise
                 where = ", ".join(f"{k}={v}" for k, v in labels)
-                raise ValueError(f"grid point ({where}): {err}") from None
+                if isinstance(err, _KeyedError):
+                    raise type(err)(f"grid point ({where}): {err.key}", err.detail) from None
+                raise type(err)(f"grid point ({where}): {err}") from None
             if run.hash in seen:
-                raise ValueError(f"grid points {dict(seen[run.hash])} and {dict(labels)} resolve to the same run")
+                raise ConfigValueError(
+                    "grid", f"points {dict(seen[run.hash])} and {dict(labels)} resolve to the same run"
+                )
             seen[run.hash] = run.labels
             out.append(run)
         return out
 
     def override(self, changes: dict[str, Any]) -> StudyConfig:
         """A copy with dotted-key ``changes``: a key that is a grid axis gets the given list as its values (a
-        shrunk grid), any other key changes the base run. Used to smoke-test long studies with 2 steps."""
+        shrunk grid), any other key changes the base options. Used to smoke-test long studies with 2 steps."""
         axes = {a.name: a for a in self.axes}
-        base = self.base.to_dict()
+        options = copy.deepcopy(self.options)
         for key, value in changes.items():
             if key in axes:
-                axes[key] = _parse_axis(key, value)
+                axes[key] = parse_axis(key, value, self.check_key)
             else:
-                _set(base, check_key(key, "override"), value)
-        return dataclasses.replace(self, base=RunConfig.from_dict(base), axes=tuple(axes.values()))
+                self.check_key(key, "override")
+                set_dotted(options, key, value)
+        study = dataclasses.replace(self, options=options, axes=tuple(axes.values()))
+        study.runs()
+        return study
 
     def to_dict(self) -> dict[str, Any]:
+        """The manifest form (``study.json``): what the report needs besides the run records."""
         return {
             "name": self.name,
+            "task": self.task,
             "description": self.description,
             "source": self.source,
-            **self.base.to_dict(),
-            "analysis": self.analysis.to_dict(),
+            "options": self.options,
+            "analysis": self.analysis.to_dict() if self.analysis is not None else {},
             "grid": {a.name: [{"label": lab, "overrides": dict(ov)} for lab, ov in a.values] for a in self.axes},
         }
 
 
-def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in child.items():
-        if v is None:
-            out.pop(k, None)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict) and k != "norm":
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
+def check_inherited_overrides(merged: MergedFile, axes: Sequence[GridAxis]) -> None:
+    """Refuse a value that a later file sets while a grid axis from an earlier file overrides it in every run
+    (e.g. a child's ``train.lr: 3e-3`` under an inherited ``train.lr`` axis)."""
+    for axis in axes:
+        axis_at = merged.axis_file.get(axis.name)
+        if axis_at is None:
+            continue
+        for key in axis.keys:
+            for leaf, at in merged.option_file.items():
+                related = leaf == key or leaf.startswith(key + ".") or key.startswith(leaf + ".")
+                if related and at > axis_at:
+                    raise StudyFileError(
+                        f"{merged.files[at]}: sets {leaf}, but the grid axis {axis.name!r} inherited from "
+                        f"{merged.files[axis_at]} overrides it in every run; drop the axis here "
+                        f"(grid: {{{axis.name}: null}}) or give its values here"
+                    )
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    yaml = require("yaml")
-    if path in chain:
-        raise ValueError(f"extends cycle: {' -> '.join(str(p) for p in (*chain, path))}")
-    if not path.is_file():
-        where = f" (extended by {chain[-1]})" if chain else ""
-        raise FileNotFoundError(f"study config {str(path)!r} not found{where}")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a study config must be a mapping, got {type(raw).__name__}")
-    parents = raw.pop("extends", None) or []
-    if isinstance(parents, str):
-        parents = [parents]
-    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
-        raise ValueError(f"{path}: extends must be a file name or a list of them, got {parents!r}")
-    merged: dict[str, Any] = {}
-    for parent in parents:
-        merged = _merge(merged, _read_yaml((path.parent / parent).resolve(), (*chain, path)))
-    return _merge(merged, raw)
+def load_study(path: str | Path, task: str | None = None) -> StudyConfig:
+    """Read, merge (``extends``) and validate a study file of any task; errors name the file or dotted key."""
+    from lnblocks.study.tasks import get_task
+
+    merged = load_merged(path)
+    raw = dict(merged.raw)
+    source = str(Path(path).resolve())
+    name = raw.pop("name", None) or Path(path).stem
+    description = raw.pop("description", None) or ""
+    task_name = raw.pop("task", None) or task or DEFAULT_TASK
+    if task is not None and task_name != task:
+        raise StudyFileError(f"{source}: task is {task_name!r}, expected {task!r}")
+    if not isinstance(name, str) or not isinstance(description, str):
+        raise StudyFileError(f"{source}: name and description must be strings")
+    try:
+        study = get_task(task_name).study_from_dict(raw, name=name, description=description, source=source)
+    except _KeyedError as err:  # name the file too
+        raise type(err)(f"{source}: {err.key}", err.detail) from None
+    check_inherited_overrides(merged, study.axes)
+    return study
 
 
-def load_study(path: str | Path) -> StudyConfig:
-    """Read, merge (``extends``) and validate a study YAML file; errors name the offending key."""
-    path = Path(path).resolve()
-    raw = _read_yaml(path, ())
-    if "name" not in raw:
-        raw["name"] = path.stem
-    return StudyConfig.from_dict(raw, source=str(path))
+def study_from_dict(raw: dict[str, Any], source: str = "") -> StudyConfig:
+    """A study from a mapping with the schema of a study file (``task`` defaults to ``lm``; no ``extends``)."""
+    from lnblocks.study.tasks import get_task
 
-
-def lr_label(lr: float) -> str:
-    """``1e-3`` style label for tables and plots."""
-    exp = math.floor(math.log10(lr))
-    mant = lr / 10**exp
-    return f"{mant:g}e{exp}"
+    raw = dict(raw)
+    if "extends" in raw:
+        raise StudyFileError("extends works in study files only (use load_study)")
+    name = raw.pop("name", None) or (Path(source).stem if source else "study")
+    description = raw.pop("description", None) or ""
+    task_name = raw.pop("task", None) or DEFAULT_TASK
+    return get_task(task_name).study_from_dict(raw, name=str(name), description=str(description), source=source)

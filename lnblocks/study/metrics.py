@@ -39,7 +39,7 @@ class DivergenceMonitor:
     patience: int = 10
     initial: float | None = None
     step: int | None = None
-    _streak: int = field(default=0, repr=False)
+    streak: int = field(default=0, repr=False)  # consecutive steps above initial + margin so far
 
     def update(self, step: int, loss: float) -> bool:
         """Feed the loss of ``step``; True once the run has diverged."""
@@ -50,8 +50,8 @@ class DivergenceMonitor:
             return True
         if self.initial is None:
             self.initial = loss
-        self._streak = self._streak + 1 if loss > self.initial + self.margin else 0
-        if self._streak >= self.patience:
+        self.streak = self.streak + 1 if loss > self.initial + self.margin else 0
+        if self.streak >= self.patience:
             self.step = step
         return self.step is not None
 
@@ -92,7 +92,7 @@ def lr_sensitivity(losses: Mapping[float, float | None], initial: float) -> floa
 
 def max_stable_lr(losses: Mapping[float, float | None], reference: float, tol: float = 0.1) -> float | None:
     """The largest LR whose loss is within ``tol`` of ``reference`` (e.g. the best loss at that depth), or None
-    (reference/stability.md §8)."""
+    (docs/study-protocol.md)."""
     ok = [lr for lr, v in losses.items() if v is not None and math.isfinite(v) and v <= reference + tol]
     return max(ok) if ok else None
 
@@ -111,3 +111,10 @@ def log_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     my = sum(p[1] for p in pts) / len(pts)
     den = sum((p[0] - mx) ** 2 for p in pts)
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else math.nan
+
+
+def lr_label(lr: float) -> str:
+    """``1e-3`` style label for tables and plots."""
+    exp = math.floor(math.log10(lr))
+    mant = lr / 10**exp
+    return f"{mant:g}e{exp}"

@@ -8,8 +8,8 @@ from typing import Any
 
 from lnblocks._optional import require
 from lnblocks.study.analysis import arch_of, gradient_profile, grouped
-from lnblocks.study.grid import lr_label
-from lnblocks.study.metrics import mean
+from lnblocks.study.metrics import lr_label, mean
+from lnblocks.study.records import RunRecord
 
 STYLES = ("-", "--", ":", "-.")
 
@@ -41,6 +41,16 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _nan(values: list[float | None]) -> list[float]:
+    """Records store non-finite numbers as null: plot them as gaps."""
+    return [float("nan") if v is None else v for v in values]
+
+
+def _top(values: list[float | None]) -> float:
+    finite = [v for v in values if v is not None]
+    return max(finite) if finite else float("nan")
+
+
 def _smooth(values: list[float | None], k: int = 10) -> list[float]:
     out, window = [], []
     for v in values:
@@ -50,7 +60,7 @@ def _smooth(values: list[float | None], k: int = 10) -> list[float]:
     return out
 
 
-def grad_profile_plot(records: list[dict[str, Any]], path: Path) -> Path | None:
+def grad_profile_plot(records: list[RunRecord], path: Path) -> Path | None:
     """Xiong et al. 2020 Fig. 3 (a, b): init expected-gradient norm of W_2 by layer, one panel per depth."""
     prof = gradient_profile(records)
     if not prof:
@@ -108,24 +118,24 @@ def loss_vs_lr_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _curve_grid(records: list[dict[str, Any]], path: Path, series: Any, ylabel: str, log: bool) -> Path:
+def _curve_grid(records: list[RunRecord], path: Path, series: Any, ylabel: str, log: bool) -> Path:
     """Rows = depth, columns = LR; one line per (arch, warmup), first seed only."""
-    by: dict[tuple[int, float], list[dict[str, Any]]] = defaultdict(list)
-    seed0 = min(r["config"]["train"]["seed"] for r in records)
+    by: dict[tuple[int, float], list[RunRecord]] = defaultdict(list)
+    seed0 = min(r.config["train"]["seed"] for r in records)
     for rec in records:
-        if rec["config"]["train"]["seed"] == seed0:
-            by[(rec["config"]["model"]["depth"], rec["config"]["train"]["lr"])].append(rec)
+        if rec.config["train"]["seed"] == seed0:
+            by[(rec.config["model"]["depth"], rec.config["train"]["lr"])].append(rec)
     depths = sorted({d for d, _ in by})
     lrs = sorted({lr for _, lr in by})
     colors = _colors(sorted({arch_of(r) for r in records}))
-    warmups = sorted({r["config"]["train"]["warmup"] for r in records})
+    warmups = sorted({r.config["train"]["warmup"] for r in records})
     fig, axes = _axes(len(depths), len(lrs), 3.6, 2.6)
     for i, depth in enumerate(depths):
         for j, lr in enumerate(lrs):
             ax = axes[i][j]
             for rec in by.get((depth, lr), []):
                 xs, ys = series(rec)
-                w = rec["config"]["train"]["warmup"]
+                w = rec.config["train"]["warmup"]
                 ax.plot(
                     xs,
                     ys,
@@ -145,47 +155,45 @@ def _curve_grid(records: list[dict[str, Any]], path: Path, series: Any, ylabel: 
     return _save(fig, path)
 
 
-def loss_curves_plot(records: list[dict[str, Any]], path: Path) -> Path:
-    def series(rec: dict[str, Any]) -> tuple[list[int], list[float]]:
-        return list(range(len(rec["loss"]))), _smooth(rec["loss"])
+def loss_curves_plot(records: list[RunRecord], path: Path) -> Path:
+    def series(rec: RunRecord) -> tuple[list[int], list[float]]:
+        return list(range(len(rec.result.loss))), _smooth(rec.result.loss)
 
     return _curve_grid(records, path, series, "train loss (10-step mean)", log=False)
 
 
-def grad_norm_curves_plot(records: list[dict[str, Any]], path: Path) -> Path:
-    def series(rec: dict[str, Any]) -> tuple[list[int], list[float]]:
-        d = rec.get("diagnostics") or []
-        return [x["step"] for x in d], [x["grad_norm_total"] for x in d]
+def grad_norm_curves_plot(records: list[RunRecord], path: Path) -> Path:
+    def series(rec: RunRecord) -> tuple[list[int], list[float]]:
+        d = rec.result.diagnostics
+        return [x["step"] for x in d], _nan([x["grad_norm_total"] for x in d])
 
     return _curve_grid(records, path, series, "global grad norm", log=True)
 
 
-def residual_curves_plot(records: list[dict[str, Any]], path: Path) -> Path:
-    def series(rec: dict[str, Any]) -> tuple[list[int], list[float]]:
-        d = rec.get("diagnostics") or []
-        return [x["step"] for x in d], [x["residual_rms"][-1] for x in d]
+def residual_curves_plot(records: list[RunRecord], path: Path) -> Path:
+    def series(rec: RunRecord) -> tuple[list[int], list[float]]:
+        d = rec.result.diagnostics
+        return [x["step"] for x in d], _nan([x["residual_rms"][-1] for x in d])
 
     return _curve_grid(records, path, series, "last-layer residual RMS", log=True)
 
 
-def diagnostics_plot(records: list[dict[str, Any]], path: Path) -> Path | None:
+def diagnostics_plot(records: list[RunRecord], path: Path) -> Path | None:
     """For the deepest model at its smallest LR (first seed): residual-stream RMS by layer at init and at the end
     (Lemma 2), and over training the last layer's residual RMS, max attention logit and max output logit."""
-    recs = [r for r in records if r.get("diagnostics")]
+    recs = [r for r in records if r.result.diagnostics]
     if not recs:
         return None
-    deep = max(r["config"]["model"]["depth"] for r in recs)
-    lr0 = min(r["config"]["train"]["lr"] for r in recs if r["config"]["model"]["depth"] == deep)
-    seed0 = min(r["config"]["train"]["seed"] for r in recs)
+    deep = max(r.config["model"]["depth"] for r in recs)
+    lr0 = min(r.config["train"]["lr"] for r in recs if r.config["model"]["depth"] == deep)
+    seed0 = min(r.config["train"]["seed"] for r in recs)
     pick = [
         r
         for r in recs
-        if r["config"]["model"]["depth"] == deep
-        and r["config"]["train"]["lr"] == lr0
-        and r["config"]["train"]["seed"] == seed0
+        if r.config["model"]["depth"] == deep and r.config["train"]["lr"] == lr0 and r.config["train"]["seed"] == seed0
     ]
     colors = _colors(sorted({arch_of(r) for r in records}))
-    warmups = sorted({r["config"]["train"]["warmup"] for r in recs})
+    warmups = sorted({r.config["train"]["warmup"] for r in recs})
     fig, axes = _axes(1, 4, 3.6, 2.8)
     panels = [
         ("residual_rms", "residual RMS at init (o) / end (x)"),
@@ -194,16 +202,16 @@ def diagnostics_plot(records: list[dict[str, Any]], path: Path) -> Path | None:
         ("max_output_logit", "max output logit"),
     ]
     for rec in pick:
-        d, w = rec["diagnostics"], rec["config"]["train"]["warmup"]
+        d, w = rec.result.diagnostics, rec.config["train"]["warmup"]
         c, ls = colors[arch_of(rec)], STYLES[warmups.index(w) % len(STYLES)]
         label = f"{arch_of(rec)}, wu {w}"
-        axes[0][0].plot(d[0]["residual_rms"], "o" + ls, color=c, ms=3, lw=1, label=label)
-        axes[0][0].plot(d[-1]["residual_rms"], "x" + ls, color=c, ms=3, lw=1)
+        axes[0][0].plot(_nan(d[0]["residual_rms"]), "o" + ls, color=c, ms=3, lw=1, label=label)
+        axes[0][0].plot(_nan(d[-1]["residual_rms"]), "x" + ls, color=c, ms=3, lw=1)
         steps = [x["step"] for x in d]
-        axes[0][1].plot(steps, [x["residual_rms"][-1] for x in d], ls, color=c, lw=1)
+        axes[0][1].plot(steps, _nan([x["residual_rms"][-1] for x in d]), ls, color=c, lw=1)
         if "attn_max_logit" in d[0]:
-            axes[0][2].plot(steps, [max(x["attn_max_logit"]) for x in d], ls, color=c, lw=1)
-        axes[0][3].plot(steps, [x["max_output_logit"] for x in d], ls, color=c, lw=1)
+            axes[0][2].plot(steps, [_top(x["attn_max_logit"]) for x in d], ls, color=c, lw=1)
+        axes[0][3].plot(steps, _nan([x["max_output_logit"] for x in d]), ls, color=c, lw=1)
     for ax, (_, title) in zip(axes[0], panels):
         ax.set_title(title, fontsize=9)
     axes[0][0].set_xlabel("layer (0 = embedding)")
@@ -214,7 +222,7 @@ def diagnostics_plot(records: list[dict[str, Any]], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def all_plots(records: list[dict[str, Any]], rows: list[dict[str, Any]], folder: Path) -> list[Path]:
+def all_plots(records: list[RunRecord], rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     """Write every plot into ``folder``; return the paths written."""
     folder.mkdir(parents=True, exist_ok=True)
     made = [

@@ -1,11 +1,15 @@
-"""Build a study's report from ``OUT/runs/*.json`` alone: ``summary.csv``, ``plots/*.png`` and ``report.md``,
-and print the summary table. Rebuildable at any time with ``lnblocks study report OUT``."""
+"""Build a study's report from ``OUT/study.json`` and ``OUT/runs/*.json`` alone, for any task; and the language-model
+task's report: ``summary.csv``, ``plots/*.png``, ``report.md``, ``findings.json``, with the summary table printed.
+Rebuildable at any time with ``lnblocks study report OUT``.
+
+Records that are missing or fail validation are named (file and key) on stderr and in the report; the report is
+built from the valid ones. A ``study.json`` that cannot be read is an error naming it."""
 
 from __future__ import annotations
 
 import csv
-import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +22,59 @@ from lnblocks.study.analysis import (
     warmup_table,
     xiong_findings,
 )
-from lnblocks.study.grid import AnalysisConfig, lr_label
-from lnblocks.study.metrics import mean
-from lnblocks.study.runner import load_record, write_json_atomic
+from lnblocks.study.config import AnalysisConfig
+from lnblocks.study.metrics import lr_label, mean
+from lnblocks.study.records import RecordError, RunRecord, read_json, read_record, write_json_atomic
+from lnblocks.study.tasks import get_task
 
 MARK = {"trained": "", "stuck": " ✗", "diverged": " †"}
 
 
-def load_records(out_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Complete run records of the study in ``out_dir`` (those listed in ``study.json`` when it exists)."""
+def load_records(out_dir: str | Path) -> tuple[list[RunRecord], dict[str, Any], list[str]]:
+    """The valid run records of the study in ``out_dir`` (those listed in ``study.json`` when it exists), its
+    manifest, and one line per listed run without a valid record (missing, truncated, a key missing...)."""
     out = Path(out_dir)
     manifest: dict[str, Any] = {}
-    if (out / "study.json").is_file():
-        manifest = json.loads((out / "study.json").read_text())
-    if manifest.get("run_ids"):
-        paths = [out / "runs" / f"{i}.json" for i in manifest["run_ids"]]
-    else:
-        paths = sorted((out / "runs").glob("*.json"))
-    records = [r for r in (load_record(p) for p in paths) if r is not None]
-    return records, manifest
+    if (out / "study.json").exists():
+        manifest = read_json(out / "study.json", "study manifest")
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("run_ids", []), list):
+            raise RecordError(str(out / "study.json"), "run_ids", "must be a list of run ids in a JSON object")
+    elif not (out / "runs").is_dir():
+        raise FileNotFoundError(f"{out} is not a study output folder (no study.json, no runs/)")
+    ids = manifest.get("run_ids") or [p.stem for p in sorted((out / "runs").glob("*.json"))]
+    records, problems = [], []
+    for run_id in ids:
+        path = out / "runs" / f"{run_id}.json"
+        if not path.exists():
+            problems.append(f"{path}: no record (not run yet, running, or failed)")
+            continue
+        try:
+            records.append(read_record(path))
+        except RecordError as err:
+            problems.append(str(err))
+    return records, manifest, problems
+
+
+def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) -> int:
+    """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record."""
+    out = Path(out_dir)
+    records, manifest, problems = load_records(out)
+    for line in problems:
+        print(f"warning: {line}", file=sys.stderr)
+    if problems:
+        print(
+            f"warning: {len(problems)} of {len(problems) + len(records)} runs have no valid record; "
+            "`lnblocks study run` redoes them",
+            file=sys.stderr,
+        )
+    if not records:
+        print(f"no finished runs under {out / 'runs'}")
+        return 1
+    tasks = sorted({r.task for r in records})
+    task = manifest.get("task") or tasks[0]
+    if tasks != [task]:
+        raise RecordError(str(out / "runs"), "task", f"records of several tasks {tasks} in one study folder")
+    return get_task(task).report(out, records, manifest, problems, plots, echo)
 
 
 def _num(x: Any, digits: int = 3) -> str:
@@ -81,7 +119,7 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> list[str]
     return lines
 
 
-def _profile_table(records: list[dict[str, Any]]) -> list[str]:
+def _profile_table(records: list[RunRecord]) -> list[str]:
     lines = ["| arch | depth | ‖∇W_2‖ at init, layer 1 … L | last / first |", "|---|---|---|---|"]
     for (arch, depth), p in gradient_profile(records).items():
         lines.append(f"| {arch} | {depth} | {' '.join(f'{v:.3f}' for v in p['layers'])} | {p['ratio']:.2f} |")
@@ -99,16 +137,17 @@ def write_summary_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 def render_markdown(
     manifest: dict[str, Any],
-    records: list[dict[str, Any]],
+    records: list[RunRecord],
     rows: list[dict[str, Any]],
     findings: list[Finding],
     plots: list[Path],
     analysis: AnalysisConfig,
+    problems: list[str] | None = None,
 ) -> str:
     name = manifest.get("name", "study")
     n_div = sum(r["status"] == "diverged" for r in rows)
-    cfg = records[0]["config"]
-    ref = records[0]["reference"]
+    cfg = records[0].config
+    ref = records[0].result.reference
     cpu = sum(r["cpu_s"] for r in rows)
     lines = [f"# Study `{name}`", ""]
     if manifest.get("description"):
@@ -124,6 +163,11 @@ def render_markdown(
         f" loss is above plateau − {analysis.stuck_margin}, *diverged* when it stopped on a non-finite or exploding"
         " loss, *trained* otherwise.",
         "",
+    ]
+    if problems:
+        lines += [f"**{len(problems)} runs of this study have no valid record** and are not in the numbers below:", ""]
+        lines += [*(f"- {p}" for p in problems), ""]
+    lines += [
         "## Findings",
         "",
     ]
@@ -196,14 +240,18 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
-def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) -> int:
-    """Write ``summary.csv``, ``plots/`` and ``report.md`` into ``out_dir`` and print the summary; 1 if no runs."""
-    out = Path(out_dir)
-    records, manifest = load_records(out)
-    if not records:
-        print(f"no finished runs under {out / 'runs'}")
-        return 1
-    analysis = AnalysisConfig.from_dict(manifest.get("analysis"))
+def build_lm_report(
+    out: Path,
+    records: list[RunRecord],
+    manifest: dict[str, Any],
+    problems: list[str],
+    *,
+    plots: bool = True,
+    echo: bool = True,
+) -> int:
+    """Write ``summary.csv``, ``plots/``, ``report.md`` and ``findings.json`` of an ``lm`` study into ``out`` and
+    print the summary."""
+    analysis = AnalysisConfig.from_dict(manifest.get("analysis"), key="analysis")
     rows = [run_row(r, analysis) for r in records]
     write_summary_csv(rows, out / "summary.csv")
     findings = xiong_findings(rows, records, analysis)
@@ -212,7 +260,7 @@ def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) 
         from lnblocks.study.plots import all_plots
 
         made = all_plots(records, rows, out / "plots")
-    text = render_markdown(manifest, records, rows, findings, made, analysis)
+    text = render_markdown(manifest, records, rows, findings, made, analysis, problems)
     tmp = out / ".report.md.tmp"
     tmp.write_text(text)
     tmp.replace(out / "report.md")

@@ -1,7 +1,9 @@
-"""One study run: build the ``GPT`` its config describes, train it, log diagnostics, return the run record.
+"""One study run: build the ``GPT`` its config describes, train it, log diagnostics, return its ``RunRecord``.
 
-A run that diverges (non-finite loss, or a loss far above its start for several steps) stops early and comes back
-with ``status: "diverged"`` and the step: a result, not an exception. Under ``torchrun`` the same function trains
+A run that diverges (non-finite loss, or a loss far above its start for several steps, or a final eval loss far above
+its initial one) comes back with ``status: "diverged"`` and the step: a result, not an exception. Losses stay on
+the device and are read every ``train.log_every`` steps (one host sync per interval); divergence is checked there,
+per step, so the record is the same as with a read every step. Under ``torchrun`` the same function trains
 with DistributedDataParallel: every rank draws the same global batch from the seeded generator and takes its
 slice, so a DDP run follows the single-process run up to float reduction order.
 """
@@ -24,8 +26,8 @@ from lnblocks.study import diagnostics as diag
 from lnblocks.study.config import RunConfig, TrainConfig
 from lnblocks.study.data import build_source
 from lnblocks.study.metrics import DivergenceMonitor, lr_at
+from lnblocks.study.records import LMResult, RunRecord
 
-RECORD_FORMAT = "lnblocks.study.run/1"
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
 
 
@@ -96,8 +98,8 @@ def _progress(total: int, desc: str, position: int, show: bool) -> Any:
 
 def train_run(
     run: RunConfig, *, dist: DistContext | None = None, show_progress: bool = True, position: int = 0
-) -> dict[str, Any]:
-    """Train ``run`` and return its record (a JSON-ready dict; see ``RECORD_FORMAT`` in the README)."""
+) -> RunRecord:
+    """Train ``run`` and return its record (``RunRecord`` with an ``LMResult``)."""
     from lnblocks.models import GPT
 
     dist = dist or DistContext()
@@ -113,31 +115,19 @@ def train_run(
         raise ValueError(f"data.batch_size ({dc.batch_size}) must be divisible by the world size ({dist.world_size})")
     source = build_source(dc)
     torch.manual_seed(tc.seed)  # the init
-    raw = GPT(run.model.gpt_config(source.vocab_size, dc.seq_len))
-    if run.model.qkv_init_gain != 1.0:
-        with torch.no_grad():
-            for blk in raw.blocks:
-                blk.attn.qkv.weight.mul_(run.model.qkv_init_gain)  # rows [W_Q; W_K; W_V]
-    raw = raw.to(device)
+    raw = GPT(run.model.gpt_config(source.vocab_size, dc.seq_len)).to(device)
     data_gen = torch.Generator().manual_seed(tc.seed)  # the training data order
     probe_gen = torch.Generator().manual_seed(tc.seed + PROBE_SEED_OFFSET)
     probe_x = source.batch(gc.probe_batch_size, probe_gen)[0].to(device)  # (Bp, T), fixed for the whole run
     eval_set = [(x.to(device), y.to(device)) for x, y in source.eval_set()]
 
-    record: dict[str, Any] = {
-        "format": RECORD_FORMAT,
-        "id": run.run_id,
-        "labels": run.label_dict,
-        "config": run.to_dict(),
-        "reference": source.reference,
-        "model": {"params": raw.num_params(), "attention_backend": raw.blocks[0].attn.config.backend},
-    }
+    init_grad = None
     if gc.init_grad_batches and dist.is_main:  # before DDP wraps the model: plain local backward passes
         batches = [
             tuple(t.to(device) for t in source.batch(dc.batch_size, probe_gen)) for _ in range(gc.init_grad_batches)
         ]
         with autocast():
-            record["init_grad"] = diag.expected_grad(raw, batches)
+            init_grad = diag.expected_grad(raw, batches)
     model: nn.Module = raw
     if dist.enabled:
         from torch.nn.parallel import DistributedDataParallel
@@ -146,12 +136,25 @@ def train_run(
     opt = build_optimizer(raw, tc)
     eval_curve = [(0, evaluate(raw, eval_set, autocast))]
     monitor = DivergenceMonitor(margin=tc.divergence_margin, patience=tc.divergence_patience)
-    losses: list[float] = []
+    losses: list[float] = []  # read from the device every log_every steps
+    pending: list[torch.Tensor] = []  # (1,) losses of the steps since the last read, on the device
     records: list[dict[str, Any]] = []
     per_rank = dc.batch_size // dist.world_size
     lo = dist.rank * per_rank
     show = show_progress and dist.is_main
     t_train, c_train = time.perf_counter(), time.process_time()
+
+    def read_losses() -> bool:
+        """Move the pending losses to the host and feed the monitor; True once the run has diverged."""
+        if pending:
+            values = torch.stack(pending).cpu().tolist()
+            pending.clear()
+            for v in values:
+                losses.append(v)
+                if monitor.update(len(losses) - 1, v):
+                    return True
+        return monitor.step is not None
+
     with _progress(tc.steps, run.run_id[:40], position, show) as bar:
         for step in range(tc.steps):
             lr = lr_at(step, tc.lr, tc.warmup, tc.steps, tc.schedule, tc.min_lr_ratio)
@@ -180,24 +183,37 @@ def train_run(
             if dist.enabled:
                 torch.distributed.all_reduce(value)
                 value = value / dist.world_size
-            losses.append(float(value))
-            if monitor.update(step, losses[-1]):
+            pending.append(value)
+            if ((step + 1) % tc.log_every == 0 or step == tc.steps - 1) and read_losses():
                 break
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
                 eval_curve.append((step + 1, evaluate(raw, eval_set, autocast)))
             if bar is not None:
                 bar.update(1)
-                if step % 10 == 0:
+                if step % 10 == 0 and losses:
                     bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.2g}")
     train_s, train_cpu_s = time.perf_counter() - t_train, time.process_time() - c_train
-    diverged = monitor.step is not None
     final_eval = evaluate(raw, eval_set, autocast)
+    reason = None
+    if monitor.step is not None:  # cut what ran after the diverging step (it was only noticed at the next read)
+        stop = monitor.step
+        del losses[stop + 1 :]
+        records = [r for r in records if r["step"] <= stop]
+        eval_curve = [(s, v) for s, v in eval_curve if s <= stop + 1]
+        reason = "non-finite loss" if not math.isfinite(losses[-1]) else "loss above start + margin for patience steps"
+    elif not math.isfinite(final_eval) or final_eval > eval_curve[0][1] + tc.divergence_margin:
+        # where the final climb began (a run shorter than the patience), else the last step
+        monitor.step = len(losses) - monitor.streak if monitor.streak else len(losses) - 1
+        reason = "final eval loss non-finite or above its initial value + margin"
+    diverged = monitor.step is not None
     eval_curve.append((len(losses), final_eval))
     window = [v for v in losses[-tc.final_window :] if math.isfinite(v)]
-    record.update(
-        status="diverged" if diverged else "finished",
-        diverged_step=monitor.step,
+    result = LMResult(
+        reference=source.reference,
+        model={"params": raw.num_params(), "attention_backend": raw.blocks[0].attn.config.backend},
         steps_done=len(losses),
+        diverged_step=monitor.step,
+        diverged_reason=reason,
         initial_loss=finite_or_none(losses[0]),
         final_train_loss=finite_or_none(sum(window) / len(window)) if window and not diverged else None,
         eval={
@@ -207,6 +223,15 @@ def train_run(
         },
         loss=[finite_or_none(v) for v in losses],
         diagnostics=records,
+        init_grad=init_grad,
+    )
+    return RunRecord(
+        id=run.run_id,
+        task="lm",
+        status="diverged" if diverged else "finished",
+        labels=run.label_dict,
+        config=run.to_dict(),
+        result=result,
         time={
             "wall_s": round(time.perf_counter() - t_wall, 3),
             "cpu_s": round(time.process_time() - t_cpu, 3),
@@ -222,4 +247,3 @@ def train_run(
             "pid": os.getpid(),
         },
     )
-    return record

@@ -5,36 +5,45 @@ from __future__ import annotations
 import pytest
 
 from lnblocks.study.analysis import gradient_profile, run_row, sensitivity_table, warmup_table, xiong_findings
-from lnblocks.study.grid import AnalysisConfig
+from lnblocks.study.config import AnalysisConfig
+from lnblocks.study.records import LMResult, RunRecord
 
 PLATEAU, INIT = 3.33, 5.8
 ANALYSIS = AnalysisConfig(stuck_margin=0.3)
 
 
-def record(arch: str, depth: int, lr: float, warmup: int, seed: int, final: float | None, ratio: float = 1.0) -> dict:
-    """A minimal run record as ``train_run`` writes it (only the fields the analyses read)."""
+def record(
+    arch: str, depth: int, lr: float, warmup: int, seed: int, final: float | None, ratio: float = 1.0
+) -> RunRecord:
+    """A minimal run record as ``train_run`` returns it (only the fields the analyses read are meaningful)."""
     profile = [0.1 * ratio ** (i / max(depth - 1, 1)) for i in range(depth)]  # geometric: last/first == ratio
-    return {
-        "id": f"{arch}-{depth}-{lr}-{warmup}-{seed}",
-        "labels": {"model.placement": arch},
-        "config": {
+    result = LMResult(
+        reference={"uniform": 5.545, "unigram": PLATEAU},
+        model={},
+        steps_done=8 if final is None else 300,
+        diverged_step=7 if final is None else None,
+        initial_loss=INIT,
+        final_train_loss=final,
+        eval={"init": INIT, "final": final, "curve": []},
+        loss=[],
+        init_grad={"expected": {"W_2": profile}},
+    )
+    return RunRecord(
+        id=f"{arch}-{depth}-{lr}-{warmup}-{seed}",
+        task="lm",
+        status="diverged" if final is None else "finished",
+        labels={"model.placement": arch},
+        config={
             "model": {"placement": arch, "norm": {"kind": "layernorm"}, "depth": depth, "dim": 64},
             "train": {"lr": lr, "warmup": warmup, "schedule": "constant", "seed": seed},
         },
-        "reference": {"uniform": 5.545, "unigram": PLATEAU},
-        "status": "diverged" if final is None else "finished",
-        "diverged_step": 7 if final is None else None,
-        "steps_done": 8 if final is None else 300,
-        "initial_loss": INIT,
-        "final_train_loss": final,
-        "eval": {"init": INIT, "final": final},
-        "init_grad": {"expected": {"W_2": profile}},
-        "diagnostics": [],
-        "time": {"wall_s": 1.0, "cpu_s": 1.0, "step_ms": 3.0},
-    }
+        result=result,
+        time={"wall_s": 1.0, "cpu_s": 1.0, "step_ms": 3.0},
+        env={},
+    )
 
 
-# The pilot's pattern (stability.md §10): final losses by (arch, depth, warmup) at lr 1e-3 / 3e-3.
+# The pilot's pattern (docs/study-protocol.md): final losses by (arch, depth, warmup) at lr 1e-3 / 3e-3.
 PILOT = {
     ("post", 3, 0): (2.52, 2.36),
     ("post", 3, 60): (2.54, 2.39),
@@ -48,7 +57,7 @@ PILOT = {
 RATIOS = {("post", 3): 0.94, ("post", 12): 2.32, ("pre", 3): 0.81, ("pre", 12): 0.56}
 
 
-def pilot_records(changes: dict | None = None, ratios: dict | None = None) -> list[dict]:
+def pilot_records(changes: dict | None = None, ratios: dict | None = None) -> list[RunRecord]:
     """Two seeds per cell (seed 1 is 0.01 worse); ``changes`` replaces cells, ``ratios`` init gradient ratios."""
     table, ratio = {**PILOT, **(changes or {})}, {**RATIOS, **(ratios or {})}
     return [
@@ -59,7 +68,7 @@ def pilot_records(changes: dict | None = None, ratios: dict | None = None) -> li
     ]
 
 
-def findings(records: list[dict]) -> dict[str, str]:
+def findings(records: list[RunRecord]) -> dict[str, str]:
     rows = [run_row(r, ANALYSIS) for r in records]
     return {f.title.split(" (")[0]: f.status for f in xiong_findings(rows, records, ANALYSIS)}
 
@@ -104,7 +113,7 @@ def test_gradient_profile_finding_needs_post_rising_above_one_and_pre_below_one(
 
 
 def test_grid_without_both_placements_is_not_tested() -> None:
-    recs = [r for r in pilot_records() if r["config"]["model"]["placement"] == "pre"]
+    recs = [r for r in pilot_records() if r.config["model"]["placement"] == "pre"]
     assert findings(recs) == {"Pre-LN vs Post-LN": "not tested"}
 
 

@@ -41,7 +41,7 @@ def test_shakespeare_batches_are_shifted_windows_and_eval_is_fixed() -> None:
     e1, e2 = src.eval_set(), ShakespeareBytes(DataConfig(seq_len=32, batch_size=4, eval_batches=2)).eval_set()
     assert len(e1) == 2 and all(torch.equal(a[0], b[0]) for a, b in zip(e1, e2))
     assert src.reference["uniform"] == pytest.approx(math.log(256))
-    assert 3.2 < src.reference["unigram"] < 3.45  # byte-frequency entropy: the plateau of stability.md §10
+    assert 3.2 < src.reference["unigram"] < 3.45  # byte-frequency entropy: the plateau of docs/study-protocol.md
 
 
 def test_unigram_loss_against_hand_computation() -> None:

@@ -3,7 +3,6 @@ processes and must follow the single-process run, since both see the same global
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lnblocks.study import StudyConfig, train_run
+from lnblocks.study import load_study, read_record, train_run
 
 CONFIG = """
 name: ddp
@@ -60,17 +59,15 @@ def test_two_process_ddp_matches_single_process(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "DDP over 2 ranks (gloo)" in proc.stdout
 
-    import yaml
-
-    study = StudyConfig.from_dict(yaml.safe_load(CONFIG))
+    study = load_study(cfg)
     for run in study.runs():
-        ddp = json.loads((out / "runs" / f"{run.run_id}.json").read_text())
-        assert ddp["env"]["world_size"] == 2 and ddp["status"] == "finished"
-        single = train_run(run, show_progress=False)
-        assert ddp["loss"] == pytest.approx(single["loss"], rel=1e-4, abs=1e-5)
-        assert ddp["eval"]["final"] == pytest.approx(single["eval"]["final"], rel=1e-4)
+        ddp = read_record(out / "runs" / f"{run.run_id}.json")
+        assert ddp.env["world_size"] == 2 and ddp.status == "finished"
+        d, single = ddp.result, train_run(run, show_progress=False).result
+        assert d.loss == pytest.approx(single.loss, rel=1e-4, abs=1e-5)
+        assert d.eval["final"] == pytest.approx(single.eval["final"], rel=1e-4)
         # diagnostics come from rank 0, whose gradients are the all-reduced ones: same as the single process
-        for a, b in zip(ddp["diagnostics"], single["diagnostics"]):
+        for a, b in zip(d.diagnostics, single.diagnostics):
             assert a["grad_norm"]["W_2"] == pytest.approx(b["grad_norm"]["W_2"], rel=1e-3)
-        assert ddp["init_grad"]["expected"]["W_2"] == pytest.approx(single["init_grad"]["expected"]["W_2"], rel=1e-5)
+        assert d.init_grad["expected"]["W_2"] == pytest.approx(single.init_grad["expected"]["W_2"], rel=1e-5)
     assert (out / "report.md").exists()

@@ -128,6 +128,6 @@ def test_logging_diagnostics_does_not_change_the_training_trajectory() -> None:
     on = train_run(
         RunConfig.from_dict({**base, "diagnostics": {"every": 3, "init_grad_batches": 2}}), show_progress=False
     )
-    assert on["loss"] == off["loss"]
-    assert [d["step"] for d in on["diagnostics"]] == [0, 3, 6, 9, 11]
-    assert off["diagnostics"] == [] and "init_grad" not in off
+    assert on.result.loss == off.result.loss
+    assert [d["step"] for d in on.result.diagnostics] == [0, 3, 6, 9, 11]
+    assert off.result.diagnostics == [] and off.result.init_grad is None

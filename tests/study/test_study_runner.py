@@ -16,7 +16,8 @@ import pytest
 
 from lnblocks.cli import main as cli_main
 from lnblocks.study import build_report, load_study, run_study
-from lnblocks.study.runner import load_record, remove_stale_tmp, write_json_atomic
+from lnblocks.study.records import RecordError, read_record, remove_stale_tmp, write_json_atomic
+from lnblocks.study.runner import check_record
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -51,10 +52,12 @@ def test_stale_tmp_files_of_dead_processes_are_removed(tmp_path: Path) -> None:
 def test_incomplete_records_are_not_finished(tmp_path: Path) -> None:
     p = tmp_path / "r.json"
     p.write_text('{"format": "lnblocks.study.run/1", "status": "fini')  # truncated
-    assert load_record(p) is None
-    p.write_text(json.dumps({"format": "lnblocks.study.run/1", "status": "running"}))
-    assert load_record(p) is None
-    assert load_record(tmp_path / "missing.json") is None
+    with pytest.raises(RecordError, match=r"r\.json: is not valid JSON"):
+        read_record(p)
+    p.write_text(json.dumps({"format": "lnblocks.study.run/2", "task": "lm", "id": "r", "status": "running"}))
+    with pytest.raises(RecordError, match=r"r\.json: labels is missing"):
+        read_record(p)
+    assert check_record(tmp_path, "r") is not None and check_record(tmp_path, "missing") == "missing"
 
 
 def test_end_to_end_resume_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -64,9 +67,11 @@ def test_end_to_end_resume_and_report(tmp_path: Path, capsys: pytest.CaptureFixt
     records = {i: json.loads((out / "runs" / f"{i}.json").read_text()) for i in ids}
     assert len(records) == 8
     rec = records[ids[0]]
-    assert rec["status"] == "finished" and len(rec["loss"]) == 20 and rec["steps_done"] == 20
+    res = rec["result"]
+    assert rec["status"] == "finished" and len(res["loss"]) == 20 and res["steps_done"] == 20
     assert rec["config"]["model"]["placement"] == "pre" and rec["labels"]["model.depth"] == "1"
-    assert set(rec["diagnostics"][0]) >= {
+    assert rec["format"] == "lnblocks.study.run/2" and rec["env"]["threads"] == 1
+    assert set(res["diagnostics"][0]) >= {
         "grad_norm",
         "update_ratio",
         "residual_rms",
@@ -76,7 +81,7 @@ def test_end_to_end_resume_and_report(tmp_path: Path, capsys: pytest.CaptureFixt
     }
     # the Markov task: everything sits between the entropy floor and the initial loss
     for r in records.values():
-        assert r["reference"]["floor"] < r["eval"]["final"] < r["eval"]["init"]
+        assert r["result"]["reference"]["floor"] < r["result"]["eval"]["final"] < r["result"]["eval"]["init"]
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 8 and {r["arch"] for r in rows} == {"pre", "post"}
@@ -96,7 +101,7 @@ def test_end_to_end_resume_and_report(tmp_path: Path, capsys: pytest.CaptureFixt
     assert run_study(TINY, out, show_progress=False, report=False) == 0
     assert "8 runs, 7 already finished, 1 to run" in capsys.readouterr().out
     assert not tmp.exists()
-    assert json.loads(victim.read_text())["loss"] == records[ids[3]]["loss"]  # redone from scratch, same seed
+    assert json.loads(victim.read_text())["result"] == records[ids[3]]["result"]  # redone from scratch, same seed
     assert all((out / "runs" / f"{i}.json").stat().st_mtime_ns == t for i, t in before.items())  # untouched
 
     # The report is rebuilt from runs/ alone.
@@ -125,7 +130,7 @@ def test_cli_workers_and_kill_midway(tmp_path: Path) -> None:
     proc.wait()
     done = {p.name: p.read_bytes() for p in (out / "runs").glob("*.json")}
     assert 1 <= len(done) < 6, "kill the study while runs are still in flight"
-    assert all(load_record(out / "runs" / n) is not None for n in done)
+    assert all(read_record(out / "runs" / n).status == "finished" for n in done)
     assert cli_main(["study", "run", str(cfg), "--out", str(out), "--workers", "1"]) == 0
     assert len(list((out / "runs").glob("*.json"))) == 6
     assert not list((out / "runs").glob(".*tmp*"))

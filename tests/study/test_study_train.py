@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lnblocks.study import RunConfig, train_run
+from lnblocks.study import RunConfig, RunRecord, train_run
 from lnblocks.study.metrics import lr_at
 
 BASE = {
@@ -17,8 +17,14 @@ BASE = {
 }
 
 
+def flat(record: RunRecord) -> dict:
+    """The record's JSON form with the result's fields at the top (as the schema-1 layout had them)."""
+    j = record.to_json()
+    return {**{k: v for k, v in j.items() if k != "result"}, **j["result"]}
+
+
 def run(**train: object) -> dict:
-    return train_run(RunConfig.from_dict({**BASE, "train": {"steps": 30, **train}}), show_progress=False)
+    return flat(train_run(RunConfig.from_dict({**BASE, "train": {"steps": 30, **train}}), show_progress=False))
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Analysis of the digits study: mean +- std table (markdown, CSV), accuracy-vs-batch-size plot, and the verdict on
+"""Analysis of the digits study (Wu & He 2018, arXiv 1803.08494): mean +- std table (markdown, CSV),
+accuracy-vs-batch-size plot, and the verdict on
 Wu & He (2018), Fig. 1: BatchNorm's accuracy falls as the batch shrinks, GroupNorm's does not.
 
 Verdict rule, per norm, between the largest and the smallest batch size: the change in mean test accuracy counts
@@ -12,7 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from lnblocks.cnn.digits_config import NORM_LABELS
+from lnblocks._optional import require
+from lnblocks.study.digits.config import NORM_LABELS
 
 MIN_EFFECT_PP = 1.0  # 3.6 of the 360 test images: smaller changes are not called a fall even with tight seeds
 
@@ -117,12 +119,8 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 def plot(cells: list[Cell], path: Path, title: str = "") -> None:
     """Test accuracy vs batch size (log2 axis), one line per norm, error bars = std over seeds."""
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise ImportError("the digits study's plot needs matplotlib: pip install 'lnblocks[study]'") from err
-
-    matplotlib.use("Agg")
+    matplotlib = require("matplotlib")
+    matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)

@@ -9,7 +9,10 @@ mode, where BatchNorm uses its running statistics -- where small batches hurt (W
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,12 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnblocks.cnn.batchnorm import BatchNorm2d
-from lnblocks.cnn.batchrenorm import BatchRenorm2d
-from lnblocks.cnn.digits_config import DigitsRun, DigitsStudyConfig
-from lnblocks.cnn.groupnorm import GroupNorm
-from lnblocks.cnn.instancenorm import InstanceNorm2d
-from lnblocks.cnn.layernorm2d import LayerNorm2d
+from lnblocks._optional import require
+from lnblocks.cnn import BatchNorm2d, BatchRenorm2d, GroupNorm, InstanceNorm2d, LayerNorm2d
+from lnblocks.study.digits.config import DigitsRunConfig, DigitsSettings
+from lnblocks.study.records import DigitsResult, RunRecord
 
 
 @dataclass(frozen=True)
@@ -36,20 +37,23 @@ class DigitsData:
     y_test: Tensor
 
 
-def load_digits_data(cfg: DigitsStudyConfig) -> DigitsData:
+def load_digits_data(cfg: DigitsSettings) -> DigitsData:
     """The digits split; pixels scaled by the training set's mean and std (one scalar each)."""
-    try:
-        from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
-        from sklearn.model_selection import train_test_split
-    except ImportError as err:
-        raise ImportError("the digits study needs scikit-learn: pip install scikit-learn") from err
+    return _load_digits(cfg.test_fraction, cfg.split_seed, cfg.max_train)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_digits(test_fraction: float, split_seed: int, max_train: int | None) -> DigitsData:
+    require("sklearn")
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+    from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     x_tr, x_te, y_tr, y_te = train_test_split(
-        digits.images, digits.target, test_size=cfg.test_fraction, random_state=cfg.split_seed, stratify=digits.target
+        digits.images, digits.target, test_size=test_fraction, random_state=split_seed, stratify=digits.target
     )
-    if cfg.max_train is not None:
-        x_tr, y_tr = x_tr[: cfg.max_train], y_tr[: cfg.max_train]
+    if max_train is not None:
+        x_tr, y_tr = x_tr[:max_train], y_tr[:max_train]
     x_train = torch.tensor(x_tr, dtype=torch.float32).unsqueeze(1)  # (N, 1, 8, 8)
     x_test = torch.tensor(x_te, dtype=torch.float32).unsqueeze(1)
     mean, std = x_train.mean(), x_train.std()
@@ -58,7 +62,7 @@ def load_digits_data(cfg: DigitsStudyConfig) -> DigitsData:
     )
 
 
-def norm_factory(kind: str, cfg: DigitsStudyConfig, total_steps: int) -> Callable[[int], nn.Module]:
+def norm_factory(kind: str, cfg: DigitsSettings, total_steps: int) -> Callable[[int], nn.Module]:
     """``channels -> norm module`` for ``kind`` (affine everywhere, so only the statistics differ)."""
     m = cfg.bn_momentum
     if kind == "batch":
@@ -106,7 +110,7 @@ def accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
     return 100.0 * (model(x).argmax(1) == y).float().mean().item()
 
 
-def schedule(cfg: DigitsStudyConfig, n_train: int, batch_size: int) -> tuple[int, int]:
+def schedule(cfg: DigitsSettings, n_train: int, batch_size: int) -> tuple[int, int]:
     """``(epochs, SGD steps)`` of a run: ``cfg.epochs``, or more to reach ``cfg.min_steps``. The last partial
     batch of an epoch is dropped (a 1-image batch has no batch statistics)."""
     steps_per_epoch = n_train // batch_size
@@ -115,28 +119,21 @@ def schedule(cfg: DigitsStudyConfig, n_train: int, batch_size: int) -> tuple[int
 
 
 def train_run(
-    run: DigitsRun, cfg: DigitsStudyConfig, data: DigitsData, on_step: Callable[[], None] | None = None
-) -> dict:
-    """Train one network; returns the row stored in ``runs/<run_id>.json``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
-        return _train(run, cfg, data, on_step)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train(run: DigitsRun, cfg: DigitsStudyConfig, data: DigitsData, on_step: Callable[[], None] | None) -> dict:
-    start = time.perf_counter()
+    run: DigitsRunConfig, data: DigitsData | None = None, on_step: Callable[[], None] | None = None
+) -> RunRecord:
+    """Train one network; returns its ``RunRecord`` (a ``DigitsResult``). Threads are the caller's (the runner
+    pins ``run.threads``)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    data = data if data is not None else load_digits_data(run)
     torch.manual_seed(run.seed)
     n = data.x_train.shape[0]
     b = run.batch_size
-    epochs, total_steps = schedule(cfg, n, b)
+    epochs, total_steps = schedule(run, n, b)
     steps_per_epoch = total_steps // epochs
-    model = DigitsCNN(cfg.widths, norm_factory(run.norm, cfg, total_steps))
-    lr = cfg.base_lr * b / 32
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay)
-    warmup = max(1, int(cfg.warmup_frac * total_steps))
+    model = DigitsCNN(run.widths, norm_factory(run.norm, run, total_steps))
+    lr = run.base_lr * b / 32
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=run.sgd_momentum, weight_decay=run.weight_decay)
+    warmup = max(1, int(run.warmup_frac * total_steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / total_steps))
     )
@@ -145,7 +142,7 @@ def _train(run: DigitsRun, cfg: DigitsStudyConfig, data: DigitsData, on_step: Ca
     for _ in range(epochs):
         model.train()
         order = torch.randperm(n, generator=gen)
-        epoch_loss = 0.0
+        epoch_loss = torch.zeros(())  # summed on the device: one host read per epoch
         for i in range(steps_per_epoch):
             idx = order[i * b : (i + 1) * b]
             loss = F.cross_entropy(model(data.x_train[idx]), data.y_train[idx])
@@ -157,16 +154,22 @@ def _train(run: DigitsRun, cfg: DigitsStudyConfig, data: DigitsData, on_step: Ca
             if on_step is not None:
                 on_step()
         losses.append(float(epoch_loss) / steps_per_epoch)
-    return {
-        "run_id": run.run_id,
-        "norm": run.norm,
-        "batch_size": b,
-        "seed": run.seed,
-        "lr": lr,
-        "epochs": epochs,
-        "steps": total_steps,
-        "final_train_loss": losses[-1],
-        "train_acc": accuracy(model, data.x_train, data.y_train),
-        "test_acc": accuracy(model, data.x_test, data.y_test),
-        "seconds": time.perf_counter() - start,
-    }
+    result = DigitsResult(
+        lr=lr,
+        epochs=epochs,
+        steps=total_steps,
+        final_train_loss=losses[-1] if math.isfinite(losses[-1]) else None,
+        train_acc=accuracy(model, data.x_train, data.y_train),
+        test_acc=accuracy(model, data.x_test, data.y_test),
+    )
+    return RunRecord(
+        id=run.run_id,
+        task="cnn_digits",
+        status="finished",
+        labels=run.label_dict,
+        config=run.to_dict(),
+        result=result,
+        time={"wall_s": round(time.perf_counter() - start, 3), "cpu_s": round(time.process_time() - cpu, 3)},
+        env={"torch": torch.__version__, "threads": torch.get_num_threads(), "host": platform.node(),
+             "pid": os.getpid()},
+    )  # fmt: skip

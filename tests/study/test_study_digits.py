@@ -1,17 +1,21 @@
-"""The digits study machinery at toy size (the real study is a command, not a test): config validation, one
-training run that learns, the CLI end to end with resumable run files, and the verdict rule on known numbers."""
+"""The CNN digits study (task ``cnn_digits``) at toy size (the real study is a command, not a test): config
+validation, one training run that learns, the runner end to end through both commands with resumable, validated run
+records (a corrupt one is redone), and the verdict rule on known numbers."""
 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
 
-from lnblocks.cnn.digits_config import DigitsRun, DigitsStudyConfig
-from lnblocks.cnn.digits_report import markdown_table, summarize, verdict
-from lnblocks.cnn.digits_study import main, run_study
-from lnblocks.cnn.digits_train import load_digits_data, schedule, train_run
+from lnblocks.cli import main as cli_main
+from lnblocks.cnn.digits_study import main
+from lnblocks.study import load_study, run_study
+from lnblocks.study.digits import DigitsRunConfig, DigitsStudyConfig, study_config
+from lnblocks.study.digits.report import markdown_table, summarize, verdict
+from lnblocks.study.digits.train import load_digits_data, schedule, train_run
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"norms": ["batch", "group"], "batch_sizes": [2, 8], "seeds": [0], "epochs": 1, "min_steps": 1,
@@ -19,19 +23,24 @@ TINY = {"norms": ["batch", "group"], "batch_sizes": [2, 8], "seeds": [0], "epoch
 
 
 def test_checked_in_config_is_the_default_and_validates() -> None:
-    assert DigitsStudyConfig.from_yaml(REPO / "configs" / "cnn_digits.yaml") == DigitsStudyConfig()
-    with pytest.raises(ValueError, match=r"unknown config keys \['batch_size'\]"):
+    study = load_study(REPO / "configs" / "cnn_digits.yaml")
+    assert study.task == "cnn_digits" and study.analysis == DigitsStudyConfig()
+    assert len(study.runs()) == 5 * 5 * 3
+    with pytest.raises(ValueError, match=r"batch_size is not a config key; valid keys of DigitsStudyConfig"):
         DigitsStudyConfig.from_dict({"batch_size": 4})
-    with pytest.raises(ValueError, match="norms must be distinct names"):
+    with pytest.raises(ValueError, match=r"norms\[1\] must be one of \['batch'"):
         DigitsStudyConfig(norms=("batch", "weightnorm"))
     with pytest.raises(ValueError, match=r"gn_groups \(3\) must divide every width"):
         DigitsStudyConfig(gn_groups=3)
-    with pytest.raises(ValueError, match="batch_sizes must be a non-empty list of ints >= 2"):
+    with pytest.raises(ValueError, match=r"batch_sizes\[0\] must be >= 2"):
         DigitsStudyConfig(batch_sizes=(1, 4))
-    with pytest.raises(ValueError, match="base_lr must be a number"):
+    with pytest.raises(ValueError, match="base_lr must be a finite number > 0"):
         DigitsStudyConfig(base_lr=-0.1)
+    with pytest.raises(TypeError, match="epochs must be an int"):
+        DigitsStudyConfig(epochs="5")
     quick = DigitsStudyConfig().quick()
-    assert quick.seeds == (0,) and quick.run_fingerprint() != DigitsStudyConfig().run_fingerprint()
+    full, small = study_config(DigitsStudyConfig(), name="a"), study_config(quick, name="a")
+    assert quick.seeds == (0,) and full.runs()[0].run_id != small.runs()[0].run_id
 
 
 def test_schedule_keeps_epochs_and_tops_up_large_batches() -> None:
@@ -48,20 +57,23 @@ def test_one_run_learns_the_digits() -> None:
     data = load_digits_data(cfg)
     assert data.x_train.shape == (256, 1, 8, 8) and data.x_test.shape == (360, 1, 8, 8)
     assert abs(float(data.x_train.mean())) < 1e-5  # standardised with the training set's statistics
-    row = train_run(DigitsRun("batch", 16, 0, "t"), cfg, data)
-    assert row["steps"] == 3 * 16 and row["epochs"] == 3
-    assert row["test_acc"] > 60.0  # chance is 10%
+    run = DigitsRunConfig(norm="batch", batch_size=16, seed=0, epochs=3, min_steps=1, max_train=256)
+    rec = train_run(run, data)
+    assert rec.result.steps == 3 * 16 and rec.result.epochs == 3 and rec.task == "cnn_digits"
+    assert rec.result.test_acc > 60.0  # chance is 10%
+    again = train_run(run)  # the same run from scratch (data loaded by the run itself): the same numbers
+    assert again.deterministic_json() == rec.deterministic_json()
 
 
-def test_cli_end_to_end_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_end_to_end_resume_and_corrupt_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
     config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(TINY))
+    config.write_text(yaml.safe_dump({"task": "cnn_digits", **TINY}))
     out = tmp_path / "study"
-    assert main(["--config", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert cli_main(["study", "run", str(config), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "Wu & He (2018)" in printed and "4 runs trained, 0 reused" in printed
+    assert "Wu & He (2018)" in printed and "4 runs, 0 already finished, 4 to run" in printed
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["norm"], int(r["batch_size"])) for r in rows) == [
@@ -71,10 +83,19 @@ def test_cli_end_to_end_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture
     assert (out / "accuracy_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
     assert "| BatchNorm |" in report and "accuracy_vs_batch.png" in report
-    assert len(list((out / "runs").glob("*.json"))) == 4
-    again = run_study(DigitsStudyConfig.from_dict(TINY), out, progress=False)  # every run is reused
-    assert (again.trained, again.reused) == (0, 4)
-    assert again.verdict in report
+    files = sorted((out / "runs").glob("*.json"))
+    assert len(files) == 4
+    # issue 10, item 8: an emptied record (a crash mid-write by another tool) is redone, not a JSONDecodeError
+    victim, before = files[0], files[0].read_text()
+    victim.write_text("")
+    assert main(["--config", str(config), "--out", str(out), "--no-progress"]) == 0  # the old entry point
+    printed = capsys.readouterr()
+    assert "4 runs, 3 already finished, 1 to run" in printed.out and "is empty" in printed.err
+    redone = json.loads(victim.read_text())
+    old = json.loads(before)
+    assert redone["result"] == old["result"] and redone["config"] == old["config"]  # same seed, same numbers
+    assert run_study(load_study(config), out, show_progress=False) == 0  # everything reused now
+    assert "4 runs, 4 already finished, 0 to run" in capsys.readouterr().out
 
 
 def _rows(accs: dict[tuple[str, int], list[float]]) -> list[dict]:

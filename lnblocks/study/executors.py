@@ -1,0 +1,242 @@
+"""Where runs train: an ``Executor`` takes jobs one at a time and reports each one's outcome.
+
+- ``SerialExecutor``: in this process, one run after the other.
+- ``LocalProcessExecutor``: ``workers`` spawned processes, each fed through its own pipe and watched by its process
+  sentinel, so a worker that dies (OOM killer, ``kill -9``) is noticed at once: its run is reported as lost, a new
+  worker takes its place, and the sweep goes on. No shared queue or Manager process that a death could wedge.
+  Workers die with the runner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watchdog everywhere).
+
+Every executor trains a run with the run's own pinned thread count (``train.threads``) and flush-to-zero for
+denormals, so a record does not depend on which executor or how many workers trained it. A Ray executor (one task
+per run) fits the same interface: ``map(jobs, on_result)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Protocol
+
+from lnblocks.study.records import RunRecord
+
+MAX_STARTUP_FAILURES = 3
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run to train: the task's name and its run config (picklable), and whether to draw a step bar."""
+
+    task: str
+    run: Any
+    show: bool = False
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came back for a job: its record, or an error message (``lost``: the process training it died)."""
+
+    record: RunRecord | None = None
+    error: str | None = None
+    lost: bool = False
+
+
+class Executor(Protocol):
+    def map(self, jobs: Iterator[Job], on_result: Callable[[Job, Outcome], None]) -> None:
+        """Train every job ``jobs`` yields (pulled one at a time, when a slot is free) and call ``on_result`` in
+        the calling process as each one ends."""
+
+
+def execute(job: Job, position: int = 0) -> Outcome:
+    """Train ``job`` in this process with its pinned thread count; exceptions become an error outcome."""
+    import torch
+
+    from lnblocks.study.tasks import get_task
+
+    threads = torch.get_num_threads()
+    torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
+    try:
+        torch.set_num_threads(job.run.threads)
+        record = get_task(job.task).train(job.run, show_progress=job.show, position=position)
+        return Outcome(record=record)
+    except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
+        return Outcome(error=traceback.format_exc())
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)  # torch's default: leave the process as it was
+
+
+class SerialExecutor:
+    """Train the jobs one by one in this process."""
+
+    def map(self, jobs: Iterator[Job], on_result: Callable[[Job, Outcome], None]) -> None:
+        for job in jobs:
+            on_result(job, execute(job, position=1))
+
+
+# ---- worker processes ------------------------------------------------------------------------------------------
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this process end when ``parent_pid`` does (also when the parent is killed with SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watchdog, daemon=True, name="lnblocks-parent-watchdog").start()
+
+
+def _worker_main(conn: Any, parent_pid: int, position: int) -> None:
+    _die_with_parent(parent_pid)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        conn.send(("done", execute(job, position)))
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Any
+    position: int
+    ready: bool = False
+    job: Job | None = None
+
+
+class LocalProcessExecutor:
+    """``workers`` spawned processes on this machine, supervised one by one (see the module docstring)."""
+
+    def __init__(self, workers: int) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        self.workers = workers
+        self._ctx = mp.get_context("spawn")
+
+    def _start(self, position: int) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=_worker_main, args=(child, os.getpid(), position), daemon=True, name=f"lnblocks-worker-{position}"
+        )
+        proc.start()
+        child.close()
+        return _Worker(proc, parent, position)
+
+    def map(self, jobs: Iterator[Job], on_result: Callable[[Job, Outcome], None]) -> None:
+        pool = [self._start(i + 1) for i in range(self.workers)]
+        startup_failures = 0
+        exhausted = False
+        try:
+            while True:
+                for w in pool:  # hand out work to idle, started workers
+                    if w.ready and w.job is None and not exhausted:
+                        w.job = next(jobs, None)
+                        if w.job is None:
+                            exhausted = True
+                        else:
+                            w.conn.send(w.job)
+                if exhausted and all(w.job is None for w in pool):
+                    return
+                waiting = [w.conn for w in pool] + [w.proc.sentinel for w in pool]
+                wait(waiting)
+                for i, w in enumerate(pool):
+                    self._drain(w, on_result)
+                    if w.proc.is_alive():
+                        continue
+                    self._drain(w, on_result)  # a last message sent just before it exited
+                    w.proc.join()
+                    if w.job is not None:
+                        on_result(
+                            w.job,
+                            Outcome(
+                                error=f"the worker process (pid {w.proc.pid}) training it died "
+                                f"({describe_exit(w.proc.exitcode)}; out of memory or killed)",
+                                lost=True,
+                            ),
+                        )
+                        w.job = None
+                    elif not w.ready:
+                        startup_failures += 1
+                        if startup_failures >= MAX_STARTUP_FAILURES:
+                            raise RuntimeError(
+                                f"{startup_failures} worker processes died while starting "
+                                f"({describe_exit(w.proc.exitcode)}); try --workers 1 to see the error"
+                            )
+                    w.conn.close()
+                    pool[i] = self._start(w.position)
+        finally:
+            self._shutdown(pool)
+
+    @staticmethod
+    def _drain(w: _Worker, on_result: Callable[[Job, Outcome], None]) -> None:
+        try:
+            while w.conn.poll():
+                kind, payload = w.conn.recv()
+                if kind == "ready":
+                    w.ready = True
+                elif kind == "done" and w.job is not None:
+                    job, w.job = w.job, None
+                    on_result(job, payload)
+        except (EOFError, OSError):
+            pass
+
+    @staticmethod
+    def _shutdown(pool: list[_Worker]) -> None:
+        for w in pool:
+            try:
+                if w.proc.is_alive() and w.job is None:
+                    w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for w in pool:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+            if w.proc.is_alive():  # still training (the runner is being interrupted)
+                w.proc.kill()
+                w.proc.join()
+            w.conn.close()
+
+
+def make_executor(workers: int) -> Executor:
+    """``SerialExecutor`` for one worker, ``LocalProcessExecutor`` for more."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    return SerialExecutor() if workers == 1 else LocalProcessExecutor(workers)

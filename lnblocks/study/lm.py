@@ -1,0 +1,107 @@
+"""The language-model placement study as a runner task: study file -> ``RunConfig``s -> ``train_run`` -> report.
+
+A study file of this task has the run sections ``data``, ``model``, ``train``, ``diagnostics`` (see
+``lnblocks.study.config``), an ``analysis`` section for the report, and a ``grid`` over dotted keys of the sections.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lnblocks.blocks.config import AttentionConfig, MLPConfig
+from lnblocks.config import ConfigTypeError, ConfigValueError
+from lnblocks.study.config import SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
+from lnblocks.study.grid import StudyConfig, parse_axis
+from lnblocks.study.records import RunRecord
+from lnblocks.study.tasks import Task
+
+TOP_LEVEL_KEYS = (*SECTIONS, "analysis", "grid")
+# third-level keys a grid may set: section.field.key
+NESTED_KEYS: dict[tuple[str, str], Any] = {
+    ("train", "optimizer"): OptimizerConfig,
+    ("model", "attention"): AttentionConfig,
+    ("model", "mlp"): MLPConfig,
+}
+
+
+def check_key(key: str, where: str) -> None:
+    """A dotted key that names an option of a run section; ``ValueError`` naming it and the valid keys otherwise."""
+    parts = key.split(".")
+    if parts[0] not in SECTIONS:
+        raise ConfigValueError(key, f"is not a config key (in {where}); it must start with one of {list(SECTIONS)}")
+    names = SECTIONS[parts[0]].field_names()
+    if len(parts) < 2 or parts[1] not in names:
+        raise ConfigValueError(key, f"is not a config key (in {where}); valid keys of {parts[0]!r}: {names}")
+    nested = NESTED_KEYS.get((parts[0], parts[1]))
+    if len(parts) == 3 and nested is not None:
+        sub = [f for f in nested.__dataclass_fields__ if nested.__dataclass_fields__[f].init]
+        if parts[2] not in sub:
+            where_keys = f"valid keys of '{parts[0]}.{parts[1]}': {sub}"
+            raise ConfigValueError(key, f"is not a config key (in {where}); {where_keys}")
+        return
+    if len(parts) != 2:
+        raise ConfigValueError(key, f"is not a config key (in {where}): too many dots")
+
+
+def make_run(tree: dict[str, Any], labels: tuple[tuple[str, str], ...]) -> RunConfig:
+    return RunConfig.from_dict(tree).with_labels(labels)
+
+
+def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", source: str = "") -> StudyConfig:
+    """The ``StudyConfig`` of a merged study file of the ``lm`` task; every grid point is validated now."""
+    unknown = sorted(str(k) for k in set(raw) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        valid = ["name", "description", "task", "extends", *TOP_LEVEL_KEYS]
+        raise ConfigValueError(unknown[0], f"is not a top-level key of an lm study file; valid: {valid}")
+    base: dict[str, Any] = {}
+    for section in SECTIONS:
+        value = raw.get(section)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigTypeError(section, f"must be a mapping of options, got {type(value).__name__} {value!r}")
+        base[section] = value
+    grid = raw.get("grid")
+    if grid is None:
+        grid = {}
+    if not isinstance(grid, dict):
+        got = f"{type(grid).__name__} {grid!r}"
+        raise ConfigTypeError("grid", f"must be a mapping of axes (dotted key: [values]), got {got}")
+    axes = tuple(parse_axis(k, v, check_key) for k, v in grid.items())
+    study = StudyConfig(
+        name=name,
+        task="lm",
+        options=base,
+        make_run=make_run,
+        check_key=check_key,
+        axes=axes,
+        analysis=AnalysisConfig.from_dict(raw.get("analysis"), key="analysis"),
+        description=description,
+        source=source,
+    )
+    study.runs()  # every grid point must validate now, not halfway through a sweep
+    return study
+
+
+def train(run: RunConfig, show_progress: bool = False, position: int = 0) -> RunRecord:
+    from lnblocks.study.train import train_run
+
+    return train_run(run, show_progress=show_progress, position=position)
+
+
+def outcome(record: RunRecord) -> str:
+    r = record.result
+    msg = f"diverged at step {r.diverged_step}" if record.status == "diverged" else f"eval loss {r.eval['final']:.3f}"
+    return f"{record.id}: {msg} ({record.time['wall_s']:.0f} s)"
+
+
+def report(
+    out: Path, records: list[RunRecord], manifest: dict[str, Any], problems: list[str], plots: bool, echo: bool
+) -> int:
+    from lnblocks.study.report import build_lm_report
+
+    return build_lm_report(out, records, manifest, problems, plots=plots, echo=echo)
+
+
+TASK = Task(name="lm", study_from_dict=study_from_dict, train=train, outcome=outcome, report=report)
