@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -226,7 +227,8 @@ def test_every_command_names_the_missing_extra(tmp_path: Path, args: list[str], 
     write(tmp_path, "sitecustomize.py", BLOCKER)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text('{"model_type": "bert"}')
-    fixture = Path(__file__).resolve().parent / "fixtures" / "records_v1"
+    fixture = tmp_path / "records_v1"  # a copy: the command must not write into the repository's fixture
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "records_v1", fixture)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "PYTHONWARNINGS": "ignore"}
     fmt = {"root": str(ROOT), "fixture": str(fixture if args[0] == "study" else tmp_path / "model")}
     proc = cli(*(a.format(**fmt) for a in args), env=env, cwd=tmp_path)
