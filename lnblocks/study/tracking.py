@@ -114,9 +114,9 @@ def diagnostics_scalars(entry: Mapping[str, Any]) -> dict[str, float | None]:
 
 def record_body(record: Any) -> tuple[str, Mapping[str, Any]]:
     """``(run id, measurements)`` of a run record: a dict of schema ``lnblocks.study.run/1`` (measurements at the
-    top level) or ``/2`` (under ``result``), or an object with ``to_dict()``."""
-    if hasattr(record, "to_dict"):
-        record = record.to_dict()
+    top level) or ``/2`` (under ``result``), or a ``RunRecord`` (``to_json()``)."""
+    if hasattr(record, "to_json"):
+        record = record.to_json()
     if not isinstance(record, Mapping) or not isinstance(record.get("id"), str):
         raise ValueError("record must be a run record (a mapping with an 'id'), got " + type(record).__name__)
     body = record.get("result")
@@ -290,7 +290,7 @@ def replay(
     Returns the closed tracker (``log_dir``, ``skipped``)."""
     tracking = TrackingConfig.from_dict(tracking if tracking is not None else {"tensorboard": True}, key="tracking")
     run_id, _ = record_body(record)
-    config = (record.to_dict() if hasattr(record, "to_dict") else record).get("config")
+    config = (record.to_json() if hasattr(record, "to_json") else record).get("config")
     with open_tracker(tracking, out_dir, run_id, config) as tracker:
         for step, scalars in record_scalars(record):
             tracker.log(step, scalars)

@@ -48,9 +48,12 @@ def record() -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # module scope runs before the per-test one-thread fixture
     try:
-        return train_run(RunConfig.from_dict(RUN), show_progress=False)
+        rec = train_run(RunConfig.from_dict(RUN), show_progress=False).to_json()
     finally:
         torch.set_num_threads(threads)
+    # the flat form of schema 1 (measurements at the top level); the schema-2 test nests them again
+    flat = {k: v for k, v in rec.items() if k != "result"}
+    return {**flat, **rec["result"], "format": "lnblocks.study.run/1"}
 
 
 def test_live_tracker_writes_grouped_tags_and_skips_non_finite(tmp_path: Path) -> None:
