@@ -98,17 +98,25 @@ class Estimate:
 class Verdict:
     """The outcome of checking one claim (``claim`` reads e.g. ``"slope > 0"``) against ``estimate``.
     ``seeds_needed`` (INCONCLUSIVE only): the total n at which the same effect would be settled, or None when the
-    observed effect is exactly at the threshold or the spread is unknown."""
+    estimate sits exactly on ``threshold``, the spread is unknown (one seed) or it would take over ``MAX_SEEDS``."""
 
     outcome: Outcome
     estimate: Estimate
     claim: str
+    threshold: float
     seeds_needed: int | None = None
 
     def __str__(self) -> str:
         text = f"{self.outcome}: {self.estimate} vs claim {self.claim}"
         if self.outcome is Outcome.INCONCLUSIVE:
-            more = "the effect is at the threshold" if self.seeds_needed is None else f"~{self.seeds_needed} seeds"
+            if self.seeds_needed is not None:
+                more = f"~{self.seeds_needed} seeds"
+            elif self.estimate.value == self.threshold:
+                more = "no number of seeds (the estimate sits on the threshold)"
+            elif self.estimate.n == 1:
+                more = "unknown (one seed has no spread)"
+            else:
+                more = f"more than {MAX_SEEDS} seeds"
             text += f"; would settle it: {more}"
         return text
 
@@ -229,7 +237,8 @@ def bootstrap_interval(
 ) -> Estimate:
     """Percentile bootstrap interval of the ``"mean"`` or ``"median"`` over seeds (Efron 1979): resample the values
     with replacement ``resamples`` times with a fixed-seed generator, so the result is deterministic. ``spread`` is
-    the sample SD (for ``seeds_needed``'s normal-theory extrapolation)."""
+    the sample SD (for ``seeds_needed``'s normal-theory extrapolation). With few seeds (under about 10) the
+    percentile interval is narrower than it should be: prefer ``mean_interval`` there."""
     level = _check_level(level)
     funcs = {"mean": np.mean, "median": np.median}
     if statistic not in funcs:
@@ -238,12 +247,13 @@ def bootstrap_interval(
         raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
     arr = _values(values, "values")
     n = arr.size
+    value = float(funcs[statistic](arr))
+    if n == 1:  # one seed: every resample is the same value, which says nothing about the spread
+        return Estimate(value, -math.inf, math.inf, 1, statistic, math.nan, 1, level=level)
     rng = np.random.default_rng(seed)
     stats = funcs[statistic](arr[rng.integers(0, n, size=(resamples, n))], axis=1)
     low, high = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-    sd = float(arr.std(ddof=1)) if n > 1 else math.nan
-    value = float(funcs[statistic](arr))
-    return Estimate(value, float(low), float(high), n, statistic, sd, 1, level=level)
+    return Estimate(value, float(low), float(high), n, statistic, float(arr.std(ddof=1)), 1, level=level)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Estimate:
@@ -396,7 +406,7 @@ def verdict(est: Estimate, claim: str, threshold: float | None = None) -> Verdic
     supports, contradicts = (above, below) if claim == ">" else (below, above)
     text = f"{est.label} {claim} {threshold:g}"
     if supports:
-        return Verdict(Outcome.REPRODUCED, est, text)
+        return Verdict(Outcome.REPRODUCED, est, text, threshold)
     if contradicts:
-        return Verdict(Outcome.DID_NOT_REPRODUCE, est, text)
-    return Verdict(Outcome.INCONCLUSIVE, est, text, seeds_needed(est, threshold))
+        return Verdict(Outcome.DID_NOT_REPRODUCE, est, text, threshold)
+    return Verdict(Outcome.INCONCLUSIVE, est, text, threshold, seeds_needed(est, threshold))

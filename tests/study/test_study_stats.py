@@ -94,11 +94,13 @@ def test_t_interval_covers_the_true_mean_95_percent_of_the_time() -> None:
     assert abs(hits / 4000 - 0.95) < 3 * math.sqrt(0.95 * 0.05 / 4000)
 
 
-def test_one_seed_has_no_interval() -> None:
-    est = mean_interval([1.7])
+@pytest.mark.parametrize("estimate", [mean_interval, bootstrap_interval])
+def test_one_seed_has_no_interval(estimate) -> None:
+    est = estimate([1.7])
     assert (est.low, est.high) == (-math.inf, math.inf)
     v = verdict(est, ">")
     assert v.outcome is Outcome.INCONCLUSIVE and v.seeds_needed is None
+    assert str(v).endswith("would settle it: unknown (one seed has no spread)")
 
 
 def test_ols_slope_matches_linregress() -> None:
@@ -184,11 +186,12 @@ def test_clear_effect_is_reproduced_and_its_opposite_is_not() -> None:
 
 
 def test_null_effect_is_inconclusive_for_a_direction_and_refutes_a_size() -> None:
-    x = with_moments(16, 0.0, 1.0)
+    x = np.array([s * k / 4 for k in range(1, 9) for s in (1, -1)])  # 16 values, mean exactly 0, SD 1.30
     v = verdict(mean_interval(x), ">")
     assert v.outcome is Outcome.INCONCLUSIVE
     assert v.seeds_needed is None  # the observed effect is exactly at the threshold: no n settles it
-    # a claim of a meaningful effect (> 1, i.e. one SD) is contradicted: the interval [-0.53, 0.53] lies below it
+    assert str(v).endswith("no number of seeds (the estimate sits on the threshold)")
+    # a claim of a meaningful effect (> 1, about one SD) is contradicted: the interval [-0.695, 0.695] lies below it
     assert verdict(mean_interval(x), ">", 1.0).outcome is Outcome.DID_NOT_REPRODUCE
 
 
