@@ -21,7 +21,7 @@ Verdict rules (docs/study-claims.md states them next to every claim):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -341,6 +341,38 @@ def agreement(flags: Sequence[bool], level: float = LEVEL) -> Estimate:
     if not flags or not all(isinstance(f, bool | np.bool_) for f in flags):
         raise ValueError(f"agreement needs a non-empty sequence of bools, got {flags!r}")
     return share(int(sum(bool(f) for f in flags)), len(flags), level)
+
+
+def largest_stable_lr(trained: Mapping[float, bool]) -> float:
+    """The largest LR of one (arm, depth, seed) whose run trained, on whatever grid the config has: ``-inf`` when
+    none did (the threshold is below the grid), ``+inf`` when the grid's largest LR trained (the grid does not reach
+    the threshold). Xiong et al. 2020's warmup claims are threshold claims: compare these, not single cells."""
+    if not trained:
+        raise ValueError("largest_stable_lr needs at least one (lr, trained) pair")
+    if trained[max(trained)]:
+        return math.inf
+    ok = [lr for lr, t in trained.items() if t]
+    return max(ok) if ok else -math.inf
+
+
+def ordered_share(lower: Sequence[float], higher: Sequence[float], level: float = LEVEL) -> tuple[Estimate | None, int]:
+    """Share of seeds with ``lower[i] < higher[i]`` (e.g. Post-LN's largest stable LR below Pre-LN's), among the
+    seeds the grid resolves; ties, both-censored pairs included, are left out and counted. Returns the share (None
+    when no seed is resolved) and how many were left out. Under failure monotone in LR, a wider or finer grid only
+    resolves more seeds: it never reverses a resolved one."""
+    lo, hi = _pair(lower, "lower"), _pair(higher, "higher")
+    if len(lo) != len(hi):
+        raise ValueError(f"ordered_share needs equal lengths, got {len(lo)} and {len(hi)}")
+    resolved = [a < b for a, b in zip(lo, hi) if a != b]
+    left_out = len(lo) - len(resolved)
+    return (agreement(resolved, level) if resolved else None), left_out
+
+
+def _pair(values: Sequence[float], name: str) -> list[float]:
+    vals = [float(v) for v in values]
+    if not vals or any(math.isnan(v) for v in vals):
+        raise ValueError(f"{name} must be a non-empty sequence of numbers (+-inf allowed), got {values!r}")
+    return vals
 
 
 # ---- verdicts -----------------------------------------------------------------------------------------------------

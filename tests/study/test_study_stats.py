@@ -20,9 +20,11 @@ from lnblocks.study.stats import (  # noqa: E402
     betainc,
     bootstrap_interval,
     clopper_pearson,
+    largest_stable_lr,
     log_log_slope,
     mean_interval,
     ols_slope,
+    ordered_share,
     paired_difference,
     seeds_needed,
     share,
@@ -246,6 +248,25 @@ def test_agreement_counts_true_flags() -> None:
     assert (est.successes, est.n, est.value) == (3, 4, 0.75)
 
 
+def test_largest_stable_lr_is_censored_at_both_ends_of_the_grid() -> None:
+    assert largest_stable_lr({3e-4: True, 1e-3: True, 3e-3: False}) == 1e-3
+    assert largest_stable_lr({3e-4: False, 1e-3: False}) == -math.inf  # below the grid
+    assert largest_stable_lr({3e-4: True, 1e-3: True}) == math.inf  # the grid does not reach the threshold
+
+
+def test_ordered_share_leaves_out_what_the_grid_cannot_resolve() -> None:
+    post = [1e-3, 3e-4, math.inf, 1e-3, -math.inf]
+    pre = [math.inf, math.inf, math.inf, 1e-3, -math.inf]
+    est, left_out = ordered_share(post, pre)
+    assert left_out == 3  # both censored at the top, both below the grid, and a tie on the grid
+    assert (est.successes, est.n) == (2, 2)
+    # a wider grid (an extra lr 1e-2, where seed 2's Post-LN fails and its Pre-LN trains) resolves one more seed
+    # and reverses none
+    wider, left_out = ordered_share([1e-3, 3e-4, 3e-3, 1e-3, -math.inf], pre)
+    assert (wider.successes, wider.n, left_out) == (3, 3, 2)
+    assert ordered_share([math.inf], [math.inf]) == (None, 1)
+
+
 # ---- rendering and errors ------------------------------------------------------------------------------------------
 
 
@@ -272,6 +293,9 @@ def test_rendering() -> None:
         (lambda: bootstrap_interval([1.0, 2.0], statistic="mode"), "statistic"),
         (lambda: clopper_pearson(5, 4), "successes"),
         (lambda: agreement([1, 0]), "bools"),
+        (lambda: largest_stable_lr({}), "at least one"),
+        (lambda: ordered_share([1.0], [1.0, 2.0]), "equal lengths"),
+        (lambda: ordered_share([math.nan], [1.0]), "lower"),
         (lambda: verdict(Estimate(1.0, 0.5, 1.5, 3), ">="), "claim"),
         (lambda: Estimate(1.0, 2.0, 0.5, 3), "low <= high"),
     ],
