@@ -16,6 +16,8 @@ Verdict rules (docs/study-claims.md states them next to every claim):
   share with threshold 1/2, i.e. REPRODUCED when the lower bound exceeds 1/2 (most seeds agree, with 95%
   confidence), DID NOT REPRODUCE when the upper bound is below 1/2. Exact intervals never overclaim at small n;
   the price is that 6/6 agreeing seeds are needed (5/5 gives a lower bound of 0.478).
+- Threshold claims ("Post-LN's largest stable LR lies below Pre-LN's") compare ``largest_stable_lr`` per seed with
+  ``ordered_share``: seeds the grid cannot resolve are left out, so a wider grid cannot flip the verdict.
 """
 
 from __future__ import annotations
