@@ -15,8 +15,9 @@ from torch import nn
 
 from lnblocks.kernels import ops
 from lnblocks.kernels.functional import fused_add_norm
+from lnblocks.kernels.plan import make_plan
 from lnblocks.norms import build_norm
-from lnblocks.norms.spec import RMSNormSpec
+from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 
 N = 32
 
@@ -77,7 +78,8 @@ def _fwd_args(residual: bool, dropout: bool):
     x, w, b = randn(5, N), randn(N), randn(N)
     r = randn(5, N) if residual else None
     seed = torch.tensor([9], device=DEVICE) if dropout else None
-    return (x, r, w, b, seed, 1e-5, False, False, 0, 0.1 if dropout else 0.0, torch.float32, torch.float32, 0, False)
+    plan = make_plan(LayerNormSpec(), x.dtype, None if r is None else r.dtype, w.dtype, None, 0.1 if dropout else 0.0)
+    return (x, r, w, b, seed, *plan.op_args())
 
 
 @pytest.mark.parametrize(("residual", "dropout"), [(False, False), (True, True)], ids=["plain", "residual_dropout"])
@@ -90,9 +92,10 @@ def test_opcheck_forward_op(residual: bool, dropout: bool) -> None:
 def test_opcheck_backward_ops() -> None:
     x = torch.randn(5, N, device=DEVICE)
     w = torch.randn(N, device=DEVICE)
-    _, _, mean, rstd = ops.norm_fwd(x, None, w, None, None, 1e-5, False, False, 0, 0.0, x.dtype, x.dtype, 0, False)
+    plan = make_plan(LayerNormSpec(), x.dtype, None, w.dtype)
+    _, _, mean, rstd = ops.norm_fwd(x, None, w, None, None, *plan.op_args())
     dy = torch.randn(5, N, device=DEVICE)
-    args = (dy, None, x, w, None, mean, rstd, False, False, 0, 0.0, True, x.dtype, None, True, True, 0)
+    args = (dy, None, x, w, None, mean, rstd, True, False, *plan.op_args())
     torch.use_deterministic_algorithms(False)
     torch.library.opcheck(ops.norm_bwd, args)
     torch.library.opcheck(ops.norm_bwd_inplace, args)
