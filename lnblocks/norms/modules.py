@@ -111,7 +111,12 @@ class Norm(nn.Module):
         param = nn.Parameter(torch.empty(self.normalized_shape, **factory)) if enabled else None
         self.register_parameter(name, param)
 
-    # ---- cached routing: parameters that move or are replaced invalidate the decisions ----------------------------
+    # ---- cached routing: a new spec, and parameters that move or are replaced, invalidate the decisions -----------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "spec":  # e.g. lnblocks.hf updating eps or backend on a patched module
+            self.__dict__.get("_routes", {}).clear()
+        super().__setattr__(name, value)
+
     def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
         self.__dict__.get("_routes", {}).clear()
         super().register_parameter(name, param)
