@@ -121,7 +121,7 @@ def kernel_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
             plan, x, x if residual else None, w, b, seed, x, x if residual else None, None if is_rms else stats, stats
         )
         return _norm_fwd_kernel, kwargs
-    launch = bwd_config(n)
+    launch = bwd_config(n, 0, dropout)
     part = meta((132, n), torch.float32)
     kwargs = bwd_kernel_args(
         plan, x, x if residual else None, x, w, seed, None if is_rms else stats, stats, x,
@@ -130,10 +130,11 @@ def kernel_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
     return _norm_bwd_kernel, kwargs
 
 
-def specialisation(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any], int]:
-    """Triton signature, constexprs and num_warps of a launch (what a compiled kernel is keyed by)."""
+def specialisation(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any], int, int | None]:
+    """Triton signature, constexprs, num_warps and maxnreg of a launch (what a compiled kernel is keyed by)."""
     kwargs = dict(kwargs)
     num_warps = kwargs.pop("num_warps")
+    maxnreg = kwargs.pop("maxnreg", None)
     kwargs["RNE"] = False  # the GPU rounds to nearest even natively
     signature: dict[str, str] = {}
     constexprs: dict[str, Any] = {}
@@ -147,7 +148,7 @@ def specialisation(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, str], dic
             signature[name] = "fp32"
         else:
             signature[name] = "i64" if abs(value) >= 2**31 else "i32"
-    return signature, constexprs, num_warps
+    return signature, constexprs, num_warps, maxnreg
 
 
 def _source_hash() -> str:
@@ -165,10 +166,9 @@ def compile_resources(fn: Any, kwargs: dict[str, Any], arch: int) -> dict[str, i
 
     if not hasattr(fn, "params"):
         raise RuntimeError("kernels were decorated under TRITON_INTERPRET=1; compile them in a process without it")
-    signature, constexprs, num_warps = specialisation(fn, kwargs)
-    compiled = triton.compile(
-        ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps}
-    )
+    signature, constexprs, num_warps, maxnreg = specialisation(fn, kwargs)
+    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    compiled = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", arch, 32), options=options)
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
     try:
@@ -203,8 +203,8 @@ def occupancy(registers: int, num_warps: int, smem_bytes: int, arch: int) -> tup
 
 
 def _key(cfg: Config, spec: tuple) -> str:
-    signature, constexprs, num_warps = spec
-    blob = json.dumps([cfg.arch, signature, sorted(constexprs.items()), num_warps], default=str)
+    signature, constexprs, num_warps, maxnreg = spec
+    blob = json.dumps([cfg.arch, signature, sorted(constexprs.items()), num_warps, maxnreg], default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -216,12 +216,13 @@ def _compile_job(cfg: Config) -> dict[str, int]:
 def measure(cfgs: list[Config], jobs: int = 1, use_cache: bool = True, progress: bool = True) -> list[dict]:
     """One row per configuration; each distinct specialisation is compiled once (and cached across runs)."""
     source = _source_hash()
-    cache: dict[str, dict] = {}
+    stored: dict[str, dict] = {}  # source hash (Triton version + kernel sources) -> specialisation -> resources
     if use_cache and CACHE.exists():
         try:
-            cache = json.loads(CACHE.read_text()).get(source, {})
+            stored = json.loads(CACHE.read_text())
         except (json.JSONDecodeError, OSError):
-            cache = {}
+            stored = {}
+    cache = stored.setdefault(source, {})
     keys = {}
     todo: dict[str, Config] = {}
     for cfg in cfgs:
@@ -244,7 +245,9 @@ def measure(cfgs: list[Config], jobs: int = 1, use_cache: bool = True, progress:
         bar.close()
         if use_cache:
             CACHE.parent.mkdir(parents=True, exist_ok=True)
-            CACHE.write_text(json.dumps({source: cache}, indent=0))
+            tmp = CACHE.with_suffix(".tmp")
+            tmp.write_text(json.dumps(stored, indent=0))
+            tmp.replace(CACHE)
     rows = []
     for cfg in cfgs:
         res = cache[keys[cfg]]

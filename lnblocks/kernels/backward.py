@@ -164,6 +164,7 @@ def bwd_kernel_args(
         W_DTYPE=tl_dtype(weight.dtype if weight is not None else z.dtype), DX_DTYPE=tl_dtype(dx.dtype),
         DRES_DTYPE=tl_dtype(dres.dtype if dres is not None else dx.dtype), RNE=interpreter_rne(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE_BLOCK=cfg.single_block, num_warps=cfg.num_warps,
+        maxnreg=cfg.max_registers,
     )
 
 
@@ -191,7 +192,7 @@ def launch_backward(
     separate = plan.separate_dresidual
     dx = dx_out if dx_out is not None else empty((m, n), plan.x_dtype, dev)
     dres = empty((m, n) if separate else (0,), plan.residual_dtype if separate else plan.x_dtype, dev)
-    cfg = bwd_config(n, plan.max_block_n)
+    cfg = bwd_config(n, plan.max_block_n, plan.dropout_p > 0)
     programs, rows_per_program = bwd_grid(m, cfg, dev)
     dw_part = empty((programs, n) if compute_dw else (0,), torch.float32, dev)
     db_part = empty((programs, n) if compute_db else (0,), torch.float32, dev)

@@ -128,6 +128,7 @@ def fwd_kernel_args(
         Z_DTYPE=tl_dtype(z_dtype), W_DTYPE=tl_dtype(weight.dtype if weight is not None else z_dtype),
         Y_DTYPE=tl_dtype(y.dtype), RNE=interpreter_rne(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE_BLOCK=cfg.single_block, num_warps=cfg.num_warps,
+        maxnreg=cfg.max_registers,
     )
     return (triton.cdiv(m, cfg.block_m),), kwargs
 

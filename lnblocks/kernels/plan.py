@@ -135,5 +135,5 @@ def make_plan(
         max_block_n=int(max_block_n),
         inplace_backward=inplace_backward,
     )
-    eps = spec.eps if spec.eps is not None else torch.finfo(plan.norm_dtype).eps
-    return dataclasses.replace(plan, eps=float(eps))
+    # eps=None: machine epsilon of the compute dtype (fp32's for half inputs), as eager and F.rms_norm use
+    return dataclasses.replace(plan, eps=float(LF.resolve_rms_eps(spec.eps, plan.norm_dtype)))
