@@ -11,8 +11,9 @@ same count for every contender) and percent of the measured copy bandwidth. Writ
 
 Contenders: ``ours`` (``lnblocks.kernels.fused_add_norm``), ``torch`` (``x + r`` then ``F.layer_norm`` /
 ``F.rms_norm``), ``compile`` (``torch.compile`` of that eager code; skipped once ``--budget-s`` is spent), and
-``liger`` / ``flash-attn`` where importable. ``--variants`` adds ``ours-looped`` (the chunked path forced with
-``max_block_n=4096``) for N >= 8192, to check the single-block limits. Without CUDA (or with ``--smoke``) it runs
+``liger`` / ``flash-attn`` where importable. ``--variants`` checks the single-block limits: ``ours-looped`` (the
+chunked path forced with ``max_block_n=4096``) at N = 8192, and ``ours-single`` (one block of 16384, the tile that
+spills 88-784 bytes, see kernel_resources.py) at N = 16384, where ``ours`` loops. Without CUDA (or with ``--smoke``) it runs
 a tiny CPU version in seconds, the kernels under ``TRITON_INTERPRET=1``.
 """
 
@@ -38,7 +39,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--out", default="bench_norm_kernels", help="output prefix for .md/.json/.png")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run (automatic without CUDA)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop compiling torch.compile after this many s")
-    ap.add_argument("--variants", action="store_true", help="also time the looped path (max_block_n=4096)")
+    ap.add_argument("--variants", action="store_true", help="also time other tiles at N = 8192 and 16384")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--report-only", action="store_true", help="rebuild PREFIX.md/.png from PREFIX.json (cut-off run)")
     ap.add_argument("--no-plot", action="store_true", help="write no PREFIX.png")
@@ -107,8 +108,10 @@ def contenders(layer_norm: bool, n: int, eps: float, args: argparse.Namespace, s
         "torch": eager,
         "compile": "skipped (smoke run)" if smoke else torch.compile(eager, dynamic=False),
     }
-    if args.variants and n >= 8192:
+    if args.variants and n == 8192:
         out["ours-looped"] = lambda x, r, w, b: fused_add_norm(x, r, w, b, spec, max_block_n=4096)
+    if args.variants and n == 16384:
+        out["ours-single"] = lambda x, r, w, b: fused_add_norm(x, r, w, b, spec, max_block_n=16384)
     out["liger"] = _liger(layer_norm, eps) if not smoke else "skipped (smoke run)"
     out["flash-attn"] = _flash_attn(layer_norm, eps) if not smoke else "skipped (smoke run)"
     return out
@@ -259,7 +262,7 @@ def summary(rows: list[dict]) -> list[str]:
             o
             for o in rows
             if o["status"] == "ok"
-            and o["impl"] not in ("ours", "ours-looped")
+            and not o["impl"].startswith("ours")
             and all(o[k] == r[k] for k in ("norm", "residual", "dtype", "M", "N", "pass_"))
         ]
         faster = [o for o in rivals if o["time_us"] < r["time_us"]]

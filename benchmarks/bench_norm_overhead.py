@@ -4,8 +4,9 @@
 
 Each pair (``lnblocks.build_norm(preset)`` with the reference's weights, and the reference module) runs the same
 ATen ops, so the time difference is the Python work around them: input checks, backend choice, dispatch. Small inputs
-(a one-token decode step, a few rows) make that work visible. Per round, ``--calls`` calls of one module are timed,
-then the same of the other, in alternating order; the table gives per-call medians and the paired difference
+(a one-token decode step, a few rows) make that work visible. Per round, ``--calls`` calls of one module are timed
+(thread CPU time, so other processes on a shared machine do not count), then the same of the other, in alternating
+order; the table gives per-call medians and the paired difference
 (median over rounds, 95% interval of the median by order statistics). Every pair is first checked bit-identical.
 """
 
@@ -37,10 +38,10 @@ def _references(hidden: int) -> dict[str, tuple[str, torch.nn.Module]]:
 
 
 def _per_call_us(module: torch.nn.Module, x: torch.Tensor, calls: int) -> float:
-    t0 = time.perf_counter_ns()
+    t0 = time.thread_time_ns()
     for _ in range(calls):
         module(x)
-    return (time.perf_counter_ns() - t0) / calls / 1e3
+    return (time.thread_time_ns() - t0) / calls / 1e3
 
 
 def median_interval(values: list[float]) -> tuple[float, float, float]:

@@ -106,9 +106,10 @@ def rms_norm(
     ``Olmo2RMSNorm`` and (with ``zero_centered``) ``GemmaRMSNorm``; ``"llama"`` is ``LlamaRMSNorm``; ``"t5"`` is
     ``T5LayerNorm``.
     """
-    cdt = compute_dtype(x.dtype)
+    dtype = x.dtype
+    cdt = _COMPUTE_DTYPES.get(dtype) or compute_dtype(dtype)  # inline: this runs on every call
     if eps is None:
-        eps = torch.finfo(cdt).eps  # resolve_rms_eps, inline: this runs on every call
+        eps = torch.finfo(cdt).eps  # resolve_rms_eps
     dims = -1 if len(normalized_shape) == 1 else _reduce_dims(normalized_shape)
     h = x.to(cdt)
     if cast == "t5":
@@ -117,17 +118,17 @@ def rms_norm(
         h = x * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
     else:
         h = h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
+    if cast == "llama":
+        h = h.to(dtype)
+        return h if weight is None else weight * h
     if cast == "fp32":
         if weight is not None:
             w = weight.to(torch.promote_types(h.dtype, weight.dtype))
             h = h * (1.0 + w if zero_centered else w)
-        return h.to(x.dtype)
-    if cast == "llama":
-        h = h.to(x.dtype)
-        return h if weight is None else weight * h
+        return h.to(dtype)
     if cast == "t5":
         if weight is None:
-            return h.to(x.dtype)
+            return h.to(dtype)
         if weight.dtype in _HALF:
             h = h.to(weight.dtype)
         return weight * h
