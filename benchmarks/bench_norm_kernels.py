@@ -13,8 +13,8 @@ Contenders: ``ours`` (``lnblocks.kernels.fused_add_norm``), ``torch`` (``x + r``
 ``F.rms_norm``), ``compile`` (``torch.compile`` of that eager code; skipped once ``--budget-s`` is spent), and
 ``liger`` / ``flash-attn`` where importable. ``--variants`` checks the single-block limits: ``ours-looped`` (the
 chunked path forced with ``max_block_n=4096``) at N = 8192, and ``ours-single`` (one block of 16384, the tile that
-spills 88-784 bytes, see kernel_resources.py) at N = 16384, where ``ours`` loops. Without CUDA (or with ``--smoke``) it runs
-a tiny CPU version in seconds, the kernels under ``TRITON_INTERPRET=1``.
+spills 88-784 bytes, see kernel_resources.py) at N = 16384, where ``ours`` loops. Without CUDA (or with
+``--smoke``) it runs a tiny CPU version in seconds, the kernels under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations

@@ -119,8 +119,9 @@ def bwd_grid(m: int, cfg: LaunchConfig, device: torch.device) -> tuple[int, int]
 
     Each program owns ``rows_per_program`` consecutive rows and writes one fp32 partial row of dW (and dB); the
     partials are summed afterwards in a fixed order (deterministic, no atomics: Liger#815 -> #945). As many programs
-    per SM as fit at the register limit (``LaunchConfig.programs_per_sm``): one wave; the partial traffic ``2 * programs * N * 4`` bytes stays a few
-    percent of the backward's ``6 * M * N`` (bf16). The last programs may own no rows: they still write zeros.
+    per SM as fit at the register limit (``LaunchConfig.programs_per_sm``): one wave; the partial traffic
+    ``2 * programs * N * 4`` bytes stays a few percent of the backward's ``6 * M * N`` (bf16). The last programs may own
+    no rows: they still write zeros.
     """
     per_sm = cfg.programs_per_sm if device.type == "cuda" else 1
     programs = max(1, min(sm_count(device) * per_sm, m))

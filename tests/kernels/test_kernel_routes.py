@@ -25,7 +25,7 @@ def test_wrong_shapes_are_errors_after_the_first_call(backend: str) -> None:
     norm(x, residual=torch.randn(2, N, device=DEVICE))
     with pytest.raises(ValueError, match="residual: expected the same shape"):
         norm(x, residual=torch.randn(1, N, device=DEVICE))
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
         norm([1.0] * N)
 
 
