@@ -72,3 +72,28 @@ def test_auto_backend_decides_per_device_kind() -> None:
     if torch.cuda.is_available():
         norm.cuda()(torch.randn(2, N, device="cuda"))
         assert norm.last_backend == "triton"
+
+
+class _Doubled(nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+@pytest.mark.parametrize("preset", ["llama", "layernorm"])
+def test_parametrized_weight_is_used(preset: str) -> None:
+    """The fast parameter read (``_parameters`` instead of ``nn.Module.__getattr__``) must still see
+    ``torch.nn.utils.parametrize`` (which moves the weight out of ``_parameters``)."""
+    norm = build_norm(preset, N)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, N)
+    y = norm(x)
+    torch.nn.utils.parametrize.register_parametrization(norm, "weight", _Doubled())
+    y2 = norm(x)
+    expected = build_norm(preset, N)
+    expected.load_state_dict({k.replace("parametrizations.weight.original", "weight"): v for k, v in
+                              norm.state_dict().items()})  # fmt: skip
+    with torch.no_grad():
+        expected.weight.mul_(2)
+    torch.testing.assert_close(y2, expected(x), rtol=0, atol=0)
+    assert not torch.equal(y, y2)
