@@ -13,7 +13,7 @@ Opaque custom ops are what lets ``torch.compile(fullgraph=True)`` trace the kern
 ``FusedNorm`` (an ``autograd.Function`` with the same context and backward) and skip the op dispatcher's per-call
 overhead.
 
-Saved for the backward: the norm's input (the new residual, or x without a residual: no extra copy), weight, bias,
+Saved for the backward: the norm's input (the new residual, or x without a residual: no extra copy), the weight,
 the dropout seed and fp32 mean/rstd; x_hat and the dropout mask are recomputed (flash-attn's scheme). When a graph of
 the gradient is being built (``create_graph=True``: gradient penalties, Hessian-vector products) the backward runs
 the differentiable reference math of ``lnblocks.norms.functional`` instead of the kernel, so double backward gives
@@ -107,8 +107,9 @@ norm_bwd_inplace.register_fake(_bwd_op_inplace_fake)
 # ---- autograd ----------------------------------------------------------------------------------------------------
 def _save(ctx, plan: NormPlan, x, residual, weight, bias, seed, outputs) -> None:
     _y, new_residual, mean, rstd = outputs
-    ctx.save_for_backward(new_residual if residual is not None else x, weight, bias, seed, mean, rstd)
+    ctx.save_for_backward(new_residual if residual is not None else x, weight, seed, mean, rstd)
     ctx.plan = plan
+    ctx.bias_dtype = None if bias is None else bias.dtype  # dbias needs no bias value: it is dy summed over rows
     ctx.set_materialize_grads(False)  # an unused new residual costs no read of a zero gradient
 
 
@@ -118,7 +119,7 @@ def _backward(ctx, dy: Tensor | None, dres_out: Tensor | None, through_ops: bool
     needs = ctx.needs_input_grad  # (x, residual, weight, bias, ...)
     if torch.is_grad_enabled():  # create_graph=True: build the gradient's graph through the reference math
         return _reference_backward(ctx, plan, dy, dres_out, needs)
-    z, weight, bias, seed, mean, rstd = ctx.saved_tensors
+    z, weight, seed, mean, rstd = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros(z.shape, dtype=plan.out_dtype, device=z.device)
     if dy.stride(-1) != 1:
@@ -128,7 +129,7 @@ def _backward(ctx, dy: Tensor | None, dres_out: Tensor | None, through_ops: bool
     if dres_out is not None and dres_out.stride(-1) != 1:
         dres_out = dres_out.contiguous()
     compute_dw = weight is not None and needs[2]
-    compute_db = bias is not None and needs[3]
+    compute_db = ctx.bias_dtype is not None and needs[3]
     tensors = (dres_out, z, weight, seed, mean, rstd, compute_dw, compute_db)
     if plan.inplace_backward and dy.dtype == plan.x_dtype and dy.is_contiguous():
         if through_ops:
@@ -145,7 +146,7 @@ def _backward(ctx, dy: Tensor | None, dres_out: Tensor | None, through_ops: bool
         dx if needs[0] else None,
         dresidual,
         dw.to(weight.dtype) if compute_dw else None,
-        db.to(bias.dtype) if compute_db else None,
+        db.to(ctx.bias_dtype) if compute_db else None,
     )
 
 
@@ -157,7 +158,7 @@ def _reference_backward(ctx, plan: NormPlan, dy, dres_out, needs) -> tuple:
     """
     from lnblocks.kernels.dropout import dropout_mask
 
-    z, weight, bias, seed, _mean, _rstd = ctx.saved_tensors
+    z, weight, seed, _mean, _rstd = ctx.saved_tensors
     scale = 1.0 / (1.0 - plan.dropout_p)
     keep = dropout_mask(seed, tuple(z.shape), plan.dropout_p, z.device) if plan.dropout_p > 0 else None
     h = z if plan.has_residual or keep is None else z * keep * scale  # the tensor the norm saw: dropout(x) or z
@@ -165,15 +166,17 @@ def _reference_backward(ctx, plan: NormPlan, dy, dres_out, needs) -> tuple:
     if plan.is_rms:
         y = LF.rms_norm(h, shape, weight, plan.eps, plan.cast, plan.zero_centered)
     else:
-        y = LF.layer_norm(h, shape, weight, bias, plan.eps, plan.zero_centered)
+        y = LF.layer_norm(h, shape, weight, None, plan.eps, plan.zero_centered)  # y's gradients do not involve b
     y = y.to(plan.out_dtype)
-    operands = ((z, needs[0] or needs[1]), (weight, needs[2]), (bias, needs[3]))
+    operands = ((z, needs[0] or needs[1]), (weight, needs[2]))
     wanted = [t for t, need in operands if need and t is not None and t.requires_grad]
     dz = dw = db = None
     if dy is not None and wanted:
         got = torch.autograd.grad(y, wanted, dy.to(y.dtype), create_graph=True, allow_unused=True)
         by_id = {id(t): g for t, g in zip(wanted, got)}
-        dz, dw, db = (None if t is None else by_id.get(id(t)) for t in (z, weight, bias))
+        dz, dw = (None if t is None else by_id.get(id(t)) for t in (z, weight))
+    if dy is not None and ctx.bias_dtype is not None and needs[3]:
+        db = dy.to(torch.float32).sum(0).to(ctx.bias_dtype)
     if not plan.has_residual:  # z is x: dz already went through the dropout mask
         return (dz.to(plan.x_dtype) if dz is not None and needs[0] else None), None, dw, db
     if dres_out is not None:
