@@ -1,16 +1,20 @@
-"""Fused Triton norm kernels (forward and backward, residual and dropout fused) and their dispatch.
+"""Fused Triton norm kernels (forward and backward, residual and dropout fused): what they support, and entry points.
 
-Nothing here touches CUDA or imports triton at import time: ``lnblocks.norms`` modules import this package lazily
-(``unavailable_reason``, ``fused_norm``), and the kernel modules load on first use.
+Nothing here touches CUDA or imports triton at import time: ``lnblocks.norms`` modules import this package lazily,
+and the kernel modules load on first use. The layout is flash-attn's / Liger's: reference math
+(``lnblocks.norms.functional``), Triton kernels with their launchers (``forward``, ``backward``, ``dropout``), one
+autograd/custom-op layer (``ops``), the entry points (``functional``), with every non-tensor argument carried by one
+``NormPlan`` (``plan``).
 
-Public API: ``fused_add_norm`` (``lnblocks.kernels.functional``), ``dropout_mask``, ``fused_norm(module, x, residual)``,
-``unavailable_reason(spec, x)``; custom ops ``torch.ops.lnblocks.norm_fwd`` / ``norm_bwd`` / ``norm_bwd_inplace``.
+Public API: ``fused_add_norm`` (``lnblocks.kernels.functional``), ``dropout_mask``, ``unavailable_reason``; custom
+ops ``torch.ops.lnblocks.norm_fwd`` / ``norm_bwd`` / ``norm_bwd_inplace``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -18,7 +22,8 @@ from torch import Tensor
 
 from lnblocks.norms.spec import NormSpec
 
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FUSED_KINDS = ("layernorm", "rmsnorm")
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # a file-system lookup, no import
 
 
@@ -31,24 +36,42 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def unavailable_reason(spec: NormSpec, x: Tensor, name: str = "x") -> str | None:
-    """Why the fused kernel cannot run ``spec`` on ``x``, or None when it can; ``name`` is how messages call ``x``."""
-    if spec.kind not in ("layernorm", "rmsnorm"):
-        return f"there is no fused kernel for norm kind {spec.kind!r}"
-    if not _TRITON_INSTALLED:
-        return "triton is not installed (pip install triton; Linux only)"
+def device_unavailable_reason(x: Tensor, name: str = "x") -> str | None:
+    """Why the kernels cannot run on ``x``'s device (None when they can)."""
     if not x.is_cuda and not interpreter_enabled():
-        return f"{name} is on {x.device.type}; Triton kernels run on CUDA tensors (or on CPU under TRITON_INTERPRET=1)"
-    if x.dtype not in _KERNEL_DTYPES:
-        return f"{name} is {x.dtype}; the kernels take float16, bfloat16 or float32"
+        return (
+            f"{name} is on {x.device.type}: the Triton kernels run on CUDA tensors, or on CPU only under "
+            "TRITON_INTERPRET=1"
+        )
     return None
 
 
-def fused_norm(module: Any, x: Tensor, residual: Tensor | None) -> Tensor | tuple[Tensor, Tensor]:
-    """Run ``module`` (a ``lnblocks.norms`` LayerNorm/RMSNorm) with the fused kernel; returns what eager returns."""
-    from lnblocks.kernels.dispatch import fused_norm as _fused_norm
-
-    return _fused_norm(module, x, residual)
+def unavailable_reason(
+    spec: NormSpec,
+    x: Tensor,
+    name: str = "x",
+    *,
+    residual: Tensor | None = None,
+    parameters: Iterable[tuple[str, Tensor]] = (),
+) -> str | None:
+    """Why the fused kernel cannot run ``spec`` on ``x`` (and ``residual``, and the module's ``parameters``), or
+    None when it can; ``name`` is how messages call ``x``. The one home of the kernel-support rule."""
+    if spec.kind not in FUSED_KINDS:
+        return f"there is no fused kernel for norm kind {spec.kind!r}"
+    if not _TRITON_INSTALLED:
+        return "triton is not installed (pip install triton; Linux only)"
+    for label, t in ((name, x), ("residual", residual)):
+        if t is None:
+            continue
+        reason = device_unavailable_reason(t, label)
+        if reason is not None:
+            return reason
+        if t.dtype not in KERNEL_DTYPES:
+            return f"{label} is {t.dtype}; the kernels take float16, bfloat16 or float32"
+    for label, p in parameters:
+        if p.dtype not in KERNEL_DTYPES:
+            return f"{label} is {p.dtype}; the kernels take float16, bfloat16 or float32 parameters"
+    return None
 
 
 def __getattr__(name: str) -> Any:  # lazy public names: importing them loads triton
@@ -56,6 +79,10 @@ def __getattr__(name: str) -> Any:  # lazy public names: importing them loads tr
         from lnblocks.kernels.functional import fused_add_norm
 
         return fused_add_norm
+    if name == "run_fused":
+        from lnblocks.kernels.functional import run_fused
+
+        return run_fused
     if name == "dropout_mask":
         from lnblocks.kernels.dropout import dropout_mask
 
@@ -63,4 +90,4 @@ def __getattr__(name: str) -> Any:  # lazy public names: importing them loads tr
     raise AttributeError(f"module 'lnblocks.kernels' has no attribute {name!r}")
 
 
-__all__ = ["dropout_mask", "fused_add_norm", "fused_norm", "interpreter_enabled", "unavailable_reason"]
+__all__ = ["dropout_mask", "fused_add_norm", "interpreter_enabled", "unavailable_reason"]

@@ -1,4 +1,8 @@
-"""Public functional API of the fused kernels: ``fused_add_norm`` (LayerNorm/RMSNorm, residual and dropout fused)."""
+"""Entry points of the fused kernels: ``fused_add_norm`` (validated public API) and ``run_fused`` (the hot path).
+
+The call path from a module is four hops: ``Norm.forward`` -> ``run_fused`` -> ``FusedNorm.forward`` (or the
+``lnblocks::norm_fwd`` custom op while compiling) -> ``launch_forward`` -> the Triton kernel.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,71 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lnblocks.kernels import interpreter_enabled, ops
-from lnblocks.kernels.autograd import FusedAddNormFunction
-from lnblocks.kernels.plan import make_plan
+from lnblocks.kernels import KERNEL_DTYPES, device_unavailable_reason
+from lnblocks.kernels.ops import FusedNorm, norm_fwd
+from lnblocks.kernels.plan import NormPlan, make_plan
 from lnblocks.norms.spec import NORM_PRESETS, LayerNormSpec, NormSpec, RMSNormSpec, norm_spec
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPE_NAMES = "float16, bfloat16 or float32"
 _DEFAULT_SPEC = LayerNormSpec()
 _NAMED_SPECS = {"layernorm": _DEFAULT_SPEC, "rmsnorm": RMSNormSpec(), **NORM_PRESETS}
+
+
+def plan_for(
+    spec: LayerNormSpec | RMSNormSpec,
+    x_dtype: torch.dtype,
+    residual_dtype: torch.dtype | None,
+    weight_dtype: torch.dtype | None,
+) -> NormPlan:
+    """The plan of a module's call (no dropout, eager output dtype); cached, except while tracing."""
+    plan_fn = make_plan.__wrapped__ if torch.compiler.is_compiling() else make_plan  # dynamo traces the body
+    return plan_fn(spec, x_dtype, residual_dtype, weight_dtype)
+
+
+def run_fused(
+    plan: NormPlan,
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    n: int,
+    seed: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Run a planned call on already-validated operands (x: ``(..., *normalized_shape)``, ``n`` elements per row).
+
+    Returns ``y`` without a residual, else ``(y, new_residual)``, shaped like ``x``. Only what a cached plan cannot
+    vouch for is checked here: the parameters' dtypes and every operand's device (a kernel reading another device's
+    memory would not fail, it would return garbage).
+    """
+    if weight is not None and (weight.dtype != plan.weight_dtype or weight.get_device() != x.get_device()):
+        raise ValueError(_changed("weight", weight, plan.weight_dtype, x))
+    if bias is not None and bias.get_device() != x.get_device():
+        raise ValueError(_changed("bias", bias, bias.dtype, x))
+    if residual is not None and residual.get_device() != x.get_device():
+        raise ValueError(_changed("residual", residual, residual.dtype, x))
+    x2 = _as_rows(x, n)
+    r2 = None if residual is None else _as_rows(residual, n)
+    w = None if weight is None else weight.reshape(-1).contiguous()
+    b = None if bias is None else bias.reshape(-1).contiguous()
+    if torch.compiler.is_compiling():  # an opaque custom op: no graph break
+        y, new_residual, _mean, _rstd = norm_fwd(x2, r2, w, b, seed, *plan.op_args())
+    else:  # eager: the same kernels without the op dispatcher's per-call overhead
+        y, new_residual = FusedNorm.apply(x2, r2, w, b, seed, plan)
+    y = y.view(x.shape)
+    return y if residual is None else (y, new_residual.view(x.shape))
+
+
+def _changed(name: str, t: Tensor, planned: torch.dtype | None, x: Tensor) -> str:
+    return (
+        f"{name}: expected {planned} on {x.device} (the dtype the call was planned for, the device of x), "
+        f"got {t.dtype} on {t.device}"
+    )
+
+
+def _as_rows(t: Tensor, n: int) -> Tensor:
+    """A (M, N) view of ``t`` with unit column stride (copied only when no such view exists)."""
+    t2 = t.reshape(-1, n)
+    return t2 if (t2.stride(-1) == 1 or n == 1) else t2.contiguous()
 
 
 def _resolve_spec(spec: NormSpec | str | dict[str, Any] | None) -> LayerNormSpec | RMSNormSpec:
@@ -41,17 +101,34 @@ def _check_tensor(name: str, t: object, device: torch.device | None = None) -> N
         raise ValueError(f"{name}: expected device {device} (the device of x), got {t.device}")
 
 
-def _check_device(x: Tensor) -> None:
-    if not x.is_cuda and not interpreter_enabled():
-        raise ValueError(
-            f"x is on {x.device.type}: the Triton kernels run on CUDA tensors, or on CPU only under TRITON_INTERPRET=1"
-        )
+def _check_max_block_n(max_block_n: object) -> int:
+    if max_block_n is None:
+        return 0
+    if isinstance(max_block_n, bool) or not isinstance(max_block_n, int):
+        raise TypeError(f"max_block_n must be an int (a power of two) or None, got {type(max_block_n).__name__}")
+    if max_block_n < 0 or (max_block_n & (max_block_n - 1)):
+        raise ValueError(f"max_block_n must be a power of two (or 0/None for the default), got {max_block_n}")
+    return max_block_n
 
 
-def _as_rows(t: Tensor, n: int) -> Tensor:
-    """A (M, N) view of ``t`` with unit column stride (copied only when no such view exists)."""
-    t2 = t.reshape(-1, n)
-    return t2 if (t2.stride(-1) == 1 or n == 1) else t2.contiguous()
+def _normalized_shape(x: Tensor, weight: Tensor | None, normalized_shape) -> tuple[int, ...]:
+    """The normalised trailing dims: given, else the weight's shape (which must then end x's shape), else x's last."""
+    if normalized_shape is None:
+        if not isinstance(weight, Tensor):
+            return tuple(x.shape[-1:])
+        shape = tuple(weight.shape)
+        k = len(shape)
+        if k == 0 or x.dim() < k or tuple(x.shape[-k:]) != shape:
+            raise ValueError(
+                f"weight: expected the shape of x's normalised trailing dimension(s), e.g. {tuple(x.shape[-1:])}, "
+                f"got {shape} (x has shape {tuple(x.shape)}; pass normalized_shape= to normalise several dims)"
+            )
+        return shape
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or x.dim() < k or tuple(x.shape[-k:]) != shape:
+        raise ValueError(f"x: expected trailing dimension(s) {shape} (normalized_shape), got shape {tuple(x.shape)}")
+    return shape
 
 
 def _seed_tensor(seed: int | Tensor | None, device: torch.device) -> Tensor:
@@ -63,6 +140,8 @@ def _seed_tensor(seed: int | Tensor | None, device: torch.device) -> Tensor:
         return seed.reshape(1).to(device=device, dtype=torch.int64)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, a one-element integer tensor or None, got {type(seed).__name__}")
+    if not -(2**63) <= seed < 2**63:
+        raise ValueError(f"seed must fit in 64 bits, got {seed}")
     return torch.tensor([seed], dtype=torch.int64, device=device)
 
 
@@ -98,17 +177,15 @@ def fused_add_norm(
     - ``inplace_backward``: write dx into the incoming gradient of ``y`` to save memory. Only safe when nothing
       else reads that gradient (Liger#370: it corrupted Gemma2), hence off by default.
     - ``max_block_n``: widest row held in registers (power of two; testing and tuning knob).
+
+    Double backward (``create_graph=True``) is supported: the gradient's graph is built through the reference math.
     """
     spec = _resolve_spec(spec)
     _check_tensor("x", x)
-    _check_device(x)
-    if normalized_shape is None:
-        normalized_shape = tuple(weight.shape) if isinstance(weight, Tensor) else tuple(x.shape[-1:])
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    k = len(shape)
-    if k == 0 or x.dim() < k or tuple(x.shape[-k:]) != shape:
-        raise ValueError(f"x: expected trailing dimension(s) {shape} (normalized_shape), got shape {tuple(x.shape)}")
-    n = math.prod(shape)
+    reason = device_unavailable_reason(x)
+    if reason is not None:
+        raise ValueError(reason)
+    shape = _normalized_shape(x, weight, normalized_shape)
     if residual is not None:
         _check_tensor("residual", residual, x.device)
         if residual.shape != x.shape:
@@ -128,30 +205,17 @@ def fused_add_norm(
         raise TypeError(f"out_dtype must be {_DTYPE_NAMES} or None, got {out_dtype}")
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be a bool, got {type(inplace_backward).__name__}")
-    compiling = torch.compiler.is_compiling()
-    plan_fn = make_plan.__wrapped__ if compiling else make_plan  # dynamo traces the body, not the cache
+    block = _check_max_block_n(max_block_n)
+    plan_fn = make_plan.__wrapped__ if torch.compiler.is_compiling() else make_plan  # dynamo traces the body
     plan = plan_fn(
-        spec, x.dtype, None if residual is None else residual.dtype, None if weight is None else weight.dtype, out_dtype
-    )
-    args = (
-        _as_rows(x, n),
-        None if residual is None else _as_rows(residual, n),
-        None if weight is None else weight.reshape(-1).contiguous(),
-        None if bias is None else bias.reshape(-1).contiguous(),
-        _seed_tensor(seed, x.device) if dropout_p > 0 else None,
-        plan.eps,
-        plan.is_rms,
-        spec.zero_centered,
-        plan.round_mode,
+        spec,
+        x.dtype,
+        None if residual is None else residual.dtype,
+        None if weight is None else weight.dtype,
+        out_dtype,
         float(dropout_p),
-        plan.residual_dtype or x.dtype,
-        plan.out_dtype,
-        int(max_block_n or 0),
+        block,
         inplace_backward,
     )
-    if compiling:  # an opaque custom op: no graph break
-        y, new_residual, _mean, _rstd = ops.norm_fwd(*args)
-    else:  # eager: the same kernels without the op dispatcher's per-call overhead
-        y, new_residual = FusedAddNormFunction.apply(*args)
-    y = y.view(x.shape)
-    return y if residual is None else (y, new_residual.view(x.shape))
+    seed_t = _seed_tensor(seed, x.device) if dropout_p > 0 else None
+    return run_fused(plan, x, residual, weight, bias, math.prod(shape), seed_t)

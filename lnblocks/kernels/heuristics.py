@@ -12,14 +12,21 @@ from dataclasses import dataclass
 
 import torch
 
-# Rows up to this many elements are held in registers in one block; larger rows loop over chunks. At 16384 (32 warps,
-# 64 registers per thread) ptxas for sm_90 spills 0-16 bytes in the forward, 8 bytes in the RMSNorm backward and
-# ~170 bytes in the LayerNorm backward (its dB accumulator); measured with ``lnblocks.kernels.aot``. Which of single
-# block and looped is faster at N = 16384 is for the GPU benchmark (``--variants``) to settle.
-MAX_FWD_BLOCK = 16384
-MAX_BWD_BLOCK = 16384
-# Chunk width of the looped (N > MAX_*_BLOCK) path: each chunk is one block of the single-block kernel.
+# Tile sizes, chosen with benchmarks/kernel_resources.py (every configuration compiled for sm_80 and sm_90; the table
+# is in benchmarks/README.md). A thread holds about ELEMENTS_PER_THREAD elements of each live array of a tile; at 32
+# warps ptxas caps a thread at 64 registers, which a whole row of 16384 (16 elements per thread and array) overflows:
+# 88-784 bytes of spills, the worst in the backward with dropout, whose Philox rounds need registers of their own.
+# So rows wider than MAX_FWD_BLOCK / MAX_BWD_BLOCK (MAX_BWD_BLOCK_DROPOUT with dropout) loop over LOOP_BLOCK chunks.
+MAX_FWD_BLOCK = 8192
+MAX_BWD_BLOCK = 8192
+MAX_BWD_BLOCK_DROPOUT = 2048
 LOOP_BLOCK = 4096
+ELEMENTS_PER_THREAD = 8
+BWD_ELEMENTS_PER_THREAD = 4
+MAX_WARPS = 32
+REGISTERS_PER_SM = 65536  # sm_80 and sm_90
+# Register budget of a thread (ptxas's maxnreg): 16 resident warps per SM (a quarter of sm_80/sm_90's 64) at most.
+MAX_REGISTERS = 128
 # Forward rows per program for small N: keep at least this many elements per program.
 TILE_ELEMENTS = 2048
 # SM count used on CPU (interpreter): any small constant works; 4 makes "programs that own no rows" easy to reach.
@@ -35,14 +42,29 @@ class LaunchConfig:
     num_warps: int
     single_block: bool
 
+    @property
+    def max_registers(self) -> int:
+        """ptxas's register limit (``maxnreg``): ``MAX_REGISTERS``, or a whole SM's register file at 32 warps.
+
+        Passed explicitly because ptxas, left to choose, trades a few bytes of spills for occupancy in about a dozen
+        configurations (4-24 bytes at 40-72 registers, e.g. the sm_80 LayerNorm backward at N = 64); with a limit
+        it allocates what the kernel needs and spills nothing, and the limit keeps 16 warps resident per SM.
+        """
+        return min(MAX_REGISTERS, REGISTERS_PER_SM // (32 * self.num_warps))
+
+    @property
+    def programs_per_sm(self) -> int:
+        """Programs of this shape that fit on one SM at the register limit (what the persistent backward plans)."""
+        return max(1, REGISTERS_PER_SM // (32 * self.num_warps * self.max_registers))
+
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def _warps(elements: int, per_thread: int) -> int:
-    """Warps so that each thread holds about ``per_thread`` elements of the tile (1 to 32 warps)."""
-    return max(1, min(32, next_power_of_2(max(1, elements // (32 * per_thread)))))
+    """Warps so that each thread holds about ``per_thread`` elements of the tile (1 to ``MAX_WARPS`` warps)."""
+    return max(1, min(MAX_WARPS, next_power_of_2(max(1, elements // (32 * per_thread)))))
 
 
 def _limit(default: int, max_block_n: int | None) -> int:
@@ -58,21 +80,25 @@ def fwd_config(n: int, max_block_n: int | None = None) -> LaunchConfig:
     limit = _limit(MAX_FWD_BLOCK, max_block_n)
     block_n = max(16, next_power_of_2(n))
     if block_n > limit:
-        chunk = min(LOOP_BLOCK, limit)
-        return LaunchConfig(1, chunk, _warps(chunk, 8), single_block=False)
+        chunk = min(LOOP_BLOCK, max_block_n or LOOP_BLOCK)
+        return LaunchConfig(1, chunk, _warps(chunk, ELEMENTS_PER_THREAD), single_block=False)
     block_m = max(1, min(64, TILE_ELEMENTS // block_n))
-    return LaunchConfig(block_m, block_n, _warps(block_m * block_n, 8), single_block=True)
+    return LaunchConfig(block_m, block_n, _warps(block_m * block_n, ELEMENTS_PER_THREAD), single_block=True)
 
 
-def bwd_config(n: int, max_block_n: int | None = None) -> LaunchConfig:
-    """Backward tile: fewer elements per thread than the forward (dy, x, w and the dW/dB accumulators are live)."""
-    limit = _limit(MAX_BWD_BLOCK, max_block_n)
+def bwd_config(n: int, max_block_n: int | None = None, dropout: bool = False) -> LaunchConfig:
+    """Backward tile: x_hat, dy and the dW/dB accumulators are live (and, with ``dropout``, the mask's Philox)."""
+    limit = _limit(MAX_BWD_BLOCK_DROPOUT if dropout else MAX_BWD_BLOCK, max_block_n)
     block_n = max(16, next_power_of_2(n))
     if block_n > limit:
-        chunk = min(LOOP_BLOCK, limit)
-        return LaunchConfig(1, chunk, _warps(chunk, 8), single_block=False)
+        chunk = min(LOOP_BLOCK, max_block_n or LOOP_BLOCK)
+        return LaunchConfig(1, chunk, _warps(chunk, ELEMENTS_PER_THREAD), single_block=False)
     block_m = max(1, min(16, TILE_ELEMENTS // block_n))
-    return LaunchConfig(block_m, block_n, _warps(block_m * block_n, 8), single_block=True)
+    tile = block_m * block_n
+    # Small tiles: half the forward's elements per thread (up to 16 warps). The backward keeps x_hat, dy, their
+    # products and the dW/dB accumulators live: over 150 registers at 8 elements per thread for N <= 2048.
+    warps = max(_warps(tile, ELEMENTS_PER_THREAD), min(16, _warps(tile, BWD_ELEMENTS_PER_THREAD)))
+    return LaunchConfig(block_m, block_n, warps, single_block=True)
 
 
 @functools.cache
@@ -92,11 +118,12 @@ def bwd_grid(m: int, cfg: LaunchConfig, device: torch.device) -> tuple[int, int]
     """``(programs, rows_per_program)`` of the persistent backward.
 
     Each program owns ``rows_per_program`` consecutive rows and writes one fp32 partial row of dW (and dB); the
-    partials are summed afterwards in a fixed order (deterministic, no atomics: Liger#815 -> #945). Several programs
-    per SM for narrow rows keep enough warps resident; the partial traffic ``2 * programs * N * 4`` bytes stays a few
-    percent of the backward's ``6 * M * N`` (bf16). The last programs may own no rows: they still write zeros.
+    partials are summed afterwards in a fixed order (deterministic, no atomics: Liger#815 -> #945). As many programs
+    per SM as fit at the register limit (``LaunchConfig.programs_per_sm``): one wave; the partial traffic
+    ``2 * programs * N * 4`` bytes stays a few percent of the backward's ``6 * M * N`` (bf16). The last programs may own
+    no rows: they still write zeros.
     """
-    per_sm = max(1, 32 // cfg.num_warps) if device.type == "cuda" else 1
+    per_sm = cfg.programs_per_sm if device.type == "cuda" else 1
     programs = max(1, min(sm_count(device) * per_sm, m))
     rows_per_program = -(-m // programs) if m > 0 else 1
     return programs, rows_per_program

@@ -1,54 +1,104 @@
-"""Which dtypes a fused call uses, derived from the spec and the operands exactly as the eager path derives them.
+"""``NormPlan``: every non-tensor argument of a fused call, written once.
 
-The eager convention (``lnblocks.norms.modules.Norm.forward``): ``new_residual = add_residual(x, r)`` (fp32 when
-``residual_in_fp32``, else type promotion); ``y = norm(new_residual)`` computed on the rounded new residual; with
-``residual_in_fp32`` the output is cast back to what ``norm(x)`` would return. The HF cast orders
-(``lnblocks.norms.functional.rms_norm``) become a rounding of x_hat before the weight multiply.
+A plan is what the launchers, the autograd layer and the ``torch.library`` custom ops pass around instead of a long
+argument list: its fields, in order, are the scalar tail of every op's schema (``schema_args``), so adding an option
+is one field here. The dtypes follow the eager convention (``lnblocks.norms.modules.Norm.forward``):
+``new_residual = add_residual(x, r)`` (fp32 when ``residual_in_fp32``, else type promotion); ``y = norm(new_residual)``
+on the rounded new residual; with ``residual_in_fp32`` the output takes the dtype ``norm(x)`` would have. The dtype
+rules themselves live in ``lnblocks.norms.functional`` (``new_residual_dtype``, ``output_dtype``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
 import torch
 
-from lnblocks.norms.functional import compute_dtype
+from lnblocks.norms import functional as LF
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 
 _HALF = (torch.float16, torch.bfloat16)
 
+# How x_hat is rounded before the weight multiply (the HF cast orders): none, to the norm input's dtype
+# (``LlamaRMSNorm``), or to a half-precision weight's dtype (``T5LayerNorm``).
 ROUND_NONE, ROUND_TO_INPUT, ROUND_TO_WEIGHT = 0, 1, 2
 
 
 @dataclass(frozen=True)
-class KernelPlan:
-    """Dtypes and constants of one fused call.
+class NormPlan:
+    """The non-tensor arguments of one fused call (its tensors: x, residual, weight, bias, seed).
 
-    ``norm_dtype``: dtype of the tensor the norm sees (the new residual, or x). ``round_mode``: 0 none,
-    1 round x_hat to ``norm_dtype`` before the weight (``LlamaRMSNorm``), 2 round it to the weight's dtype
-    (``T5LayerNorm`` with a half-precision weight).
+    ``cast``: the RMSNorm cast order (``"fp32"`` for LayerNorm). ``x_dtype``/``residual_dtype``/``weight_dtype``:
+    the operands' dtypes (None: absent), which fix the gradients' dtypes. ``out_dtype``: dtype of ``y``.
+    ``max_block_n``: widest row held in registers (0: the heuristic's choice). ``inplace_backward``: write dx into
+    the incoming gradient of ``y``.
     """
 
-    residual_dtype: torch.dtype | None
-    norm_dtype: torch.dtype
-    out_dtype: torch.dtype
-    round_mode: int
-    eps: float
     is_rms: bool
+    eps: float
+    zero_centered: bool
+    cast: str
+    residual_in_fp32: bool
+    dropout_p: float
+    x_dtype: torch.dtype
+    residual_dtype: torch.dtype | None
+    weight_dtype: torch.dtype | None
+    out_dtype: torch.dtype
+    max_block_n: int
+    inplace_backward: bool
+
+    @property
+    def has_residual(self) -> bool:
+        return self.residual_dtype is not None
+
+    @property
+    def norm_dtype(self) -> torch.dtype:
+        """Dtype of the tensor the norm sees: the new residual, or x."""
+        if self.residual_dtype is None:
+            return self.x_dtype
+        return LF.new_residual_dtype(self.x_dtype, self.residual_dtype, self.residual_in_fp32)
+
+    @property
+    def round_mode(self) -> int:
+        if self.is_rms and self.weight_dtype is not None:
+            if self.cast == "llama" and self.norm_dtype != torch.float32:
+                return ROUND_TO_INPUT
+            if self.cast == "t5" and self.weight_dtype in _HALF:
+                return ROUND_TO_WEIGHT
+        return ROUND_NONE
+
+    @property
+    def separate_dresidual(self) -> bool:
+        """dresidual differs from dx (dropout between them, or another dtype): the backward writes it."""
+        return self.residual_dtype is not None and (self.dropout_p > 0 or self.residual_dtype != self.x_dtype)
+
+    def op_args(self) -> tuple:
+        """The fields in schema order: the scalar tail of the custom ops' arguments."""
+        return tuple(getattr(self, name) for name in PLAN_FIELDS)
 
 
-def eager_output_dtype(
-    spec: LayerNormSpec | RMSNormSpec, input_dtype: torch.dtype, weight_dtype: torch.dtype | None
-) -> torch.dtype:
-    """The dtype ``norm(x)`` returns for an input of ``input_dtype`` (``Norm.output_dtype`` without a module)."""
-    if spec.kind == "layernorm" or weight_dtype is None or spec.cast == "fp32":
-        return input_dtype
-    if spec.cast == "llama":
-        return torch.promote_types(weight_dtype, input_dtype)
-    if weight_dtype in _HALF:  # t5
-        return weight_dtype
-    return torch.promote_types(compute_dtype(input_dtype), weight_dtype)
+PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(NormPlan))
+_SCHEMA_TYPES = {
+    "bool": "bool",
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "torch.dtype": "ScalarType",
+    "torch.dtype | None": "ScalarType?",
+}
+
+
+def schema_args() -> str:
+    """``NormPlan``'s fields as custom-op schema arguments (``"bool is_rms, float eps, ..."``)."""
+    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(NormPlan))
+
+
+@functools.lru_cache(maxsize=256)
+def plan_from_op_args(*args) -> NormPlan:
+    """The plan whose ``op_args()`` are ``args`` (custom-op bodies receive the fields flattened)."""
+    return NormPlan(*args)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -58,21 +108,32 @@ def make_plan(
     residual_dtype: torch.dtype | None,
     weight_dtype: torch.dtype | None,
     out_dtype: torch.dtype | None = None,
-) -> KernelPlan:
-    """Resolve the dtypes of a call; ``out_dtype=None`` picks what the eager module returns."""
+    dropout_p: float = 0.0,
+    max_block_n: int = 0,
+    inplace_backward: bool = False,
+) -> NormPlan:
+    """The plan of a call with these operand dtypes; ``out_dtype=None`` picks what the eager module returns."""
     is_rms = spec.kind == "rmsnorm"
-    res_dtype = None
-    if residual_dtype is not None:
-        res_dtype = torch.float32 if spec.residual_in_fp32 else torch.promote_types(x_dtype, residual_dtype)
-    norm_dtype = res_dtype or x_dtype
+    cast = spec.cast if is_rms else "fp32"
     if out_dtype is None:
-        base = x_dtype if (res_dtype is not None and spec.residual_in_fp32) else norm_dtype
-        out_dtype = eager_output_dtype(spec, base, weight_dtype)
-    round_mode = ROUND_NONE
-    if is_rms and weight_dtype is not None:
-        if spec.cast == "llama" and norm_dtype != torch.float32:
-            round_mode = ROUND_TO_INPUT
-        elif spec.cast == "t5" and weight_dtype in _HALF:
-            round_mode = ROUND_TO_WEIGHT
-    eps = spec.eps if spec.eps is not None else torch.finfo(norm_dtype).eps
-    return KernelPlan(res_dtype, norm_dtype, out_dtype, round_mode, float(eps), is_rms)
+        # with residual_in_fp32 the fp32 stream does not change what the branch sees: the dtype norm(x) returns
+        base = x_dtype
+        if residual_dtype is not None and not spec.residual_in_fp32:
+            base = LF.new_residual_dtype(x_dtype, residual_dtype, False)
+        out_dtype = LF.output_dtype(spec.kind, cast, base, weight_dtype)
+    plan = NormPlan(
+        is_rms=is_rms,
+        eps=0.0,
+        zero_centered=spec.zero_centered,
+        cast=cast,
+        residual_in_fp32=spec.residual_in_fp32,
+        dropout_p=float(dropout_p),
+        x_dtype=x_dtype,
+        residual_dtype=residual_dtype,
+        weight_dtype=weight_dtype,
+        out_dtype=out_dtype,
+        max_block_n=int(max_block_n),
+        inplace_backward=inplace_backward,
+    )
+    # eps=None: machine epsilon of the compute dtype (fp32's for half inputs), as eager and F.rms_norm use
+    return dataclasses.replace(plan, eps=float(LF.resolve_rms_eps(spec.eps, plan.norm_dtype)))

@@ -17,11 +17,15 @@ from torch import Tensor
 from lnblocks.norms.spec import CastMode
 
 _HALF = (torch.float16, torch.bfloat16)
+# compute_dtype of the float dtypes, precomputed: these functions run on every norm call, and a dict lookup costs a
+# fraction of ``torch.promote_types`` (per-call overhead, benchmarks/bench_norm_overhead.py).
+_COMPUTE_DTYPES = {d: torch.promote_types(d, torch.float32) for d in (*_HALF, torch.float32, torch.float64)}
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp32 for half inputs and fp32, fp64 for fp64: where statistics are accumulated."""
-    return torch.promote_types(dtype, torch.float32)
+    cdt = _COMPUTE_DTYPES.get(dtype)
+    return torch.promote_types(dtype, torch.float32) if cdt is None else cdt
 
 
 def resolve_rms_eps(eps: float | None, dtype: torch.dtype) -> float:
@@ -40,6 +44,30 @@ def add_residual(x: Tensor, residual: Tensor, residual_in_fp32: bool = False) ->
     if residual_in_fp32:
         return x.to(compute_dtype(x.dtype)) + residual.to(compute_dtype(residual.dtype))
     return x + residual
+
+
+def new_residual_dtype(x_dtype: torch.dtype, residual_dtype: torch.dtype, residual_in_fp32: bool) -> torch.dtype:
+    """The dtype ``add_residual`` returns (the residual stream's dtype after the update)."""
+    if residual_in_fp32:
+        return torch.promote_types(compute_dtype(x_dtype), compute_dtype(residual_dtype))
+    return torch.promote_types(x_dtype, residual_dtype)
+
+
+def output_dtype(kind: str, cast: CastMode, input_dtype: torch.dtype, weight_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``layer_norm``/``rms_norm`` return for an input of ``input_dtype`` (``kind``: ``"layernorm"`` or
+    ``"rmsnorm"``; ``weight_dtype`` None without a weight). The one home of this rule: modules and kernels ask it.
+
+    The input dtype, except for the HF RMSNorm cast orders: ``"llama"`` multiplies in promoted precision
+    (``weight * h.to(input_dtype)``), ``"t5"`` rounds to a half-precision weight's dtype and otherwise keeps the
+    compute dtype (``T5LayerNorm``).
+    """
+    if kind != "rmsnorm" or weight_dtype is None or cast == "fp32":
+        return input_dtype
+    if cast == "llama":
+        return torch.promote_types(weight_dtype, input_dtype)
+    if weight_dtype in _HALF:  # t5
+        return weight_dtype
+    return torch.promote_types(compute_dtype(input_dtype), weight_dtype)
 
 
 def layer_norm(
@@ -78,26 +106,29 @@ def rms_norm(
     ``Olmo2RMSNorm`` and (with ``zero_centered``) ``GemmaRMSNorm``; ``"llama"`` is ``LlamaRMSNorm``; ``"t5"`` is
     ``T5LayerNorm``.
     """
-    eps = resolve_rms_eps(eps, x.dtype)
-    dims = _reduce_dims(normalized_shape)
-    h = x.to(compute_dtype(x.dtype))
+    dtype = x.dtype
+    cdt = _COMPUTE_DTYPES.get(dtype) or compute_dtype(dtype)  # inline: this runs on every call
+    if eps is None:
+        eps = torch.finfo(cdt).eps  # resolve_rms_eps
+    dims = -1 if len(normalized_shape) == 1 else _reduce_dims(normalized_shape)
+    h = x.to(cdt)
     if cast == "t5":
         # T5LayerNorm multiplies the *uncast* input by the fp32 rsqrt (promotion does the upcast), so autograd
         # sums two half-precision grads for x; written the same way to match its backward bit for bit.
         h = x * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
     else:
         h = h * torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
+    if cast == "llama":
+        h = h.to(dtype)
+        return h if weight is None else weight * h
     if cast == "fp32":
         if weight is not None:
             w = weight.to(torch.promote_types(h.dtype, weight.dtype))
             h = h * (1.0 + w if zero_centered else w)
-        return h.to(x.dtype)
-    if cast == "llama":
-        h = h.to(x.dtype)
-        return h if weight is None else weight * h
+        return h.to(dtype)
     if cast == "t5":
         if weight is None:
-            return h.to(x.dtype)
+            return h.to(dtype)
         if weight.dtype in _HALF:
             h = h.to(weight.dtype)
         return weight * h

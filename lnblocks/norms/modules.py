@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.compiler import is_compiling, is_dynamo_compiling
 
 from lnblocks.norms import functional as LF
 from lnblocks.norms.spec import (
@@ -28,7 +29,6 @@ from lnblocks.norms.spec import (
 )
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_FUSED_KINDS = ("layernorm", "rmsnorm")
 # Single-threaded CPU inference of half-precision inputs to norms written as several eager ops (RMSNorm, DyT,
 # ScaleNorm) runs over blocks of rows of about this many fp32 bytes, so the fp32 intermediates stay in cache instead of
 # being fresh multi-MB allocations. Each row sees the same ops, so outputs are bit-identical. benchmarks/README.md has
@@ -64,20 +64,48 @@ def _check_float_tensor(name: str, t: object) -> None:
         raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32, float64), got {t.dtype}")
 
 
+_TORCH, _TRITON = "torch", "triton"
+_MISSING = object()
+_kernels_functional = None  # lnblocks.kernels.functional, imported on the first fused call (it imports triton)
+
+
+def _fused_runner():
+    global _kernels_functional
+    if _kernels_functional is None:
+        from lnblocks.kernels import functional
+
+        _kernels_functional = functional
+    return _kernels_functional
+
+
 class Norm(nn.Module):
     """Base class: holds the spec, checks inputs, picks the backend, applies the fused-residual convention.
 
     ``last_backend`` is the backend of the latest eager call (``"torch"`` or ``"triton"``); ``backend_for(x)``
     says which one a call with ``x`` would use without running it.
+
+    Per-call cost: the full checks and the backend choice run once per (dtype, device kind) of the operands and the
+    decision is cached (``_routes``; cleared when parameters move or are replaced); every call still checks the
+    shapes, so a wrong shape is an error, never a broadcast (benchmarks/bench_norm_overhead.py: within 1 µs of
+    HF's ``LlamaRMSNorm``).
     """
 
     spec: NormSpec
     _row_blocks_on_cpu: bool = False  # multi-op eager math that gains from running over cache-sized row blocks
+    _has_bias: bool = False  # the module registers a ``bias`` (possibly None) that the fused kernel takes
 
     def __init__(self, normalized_shape: int | Sequence[int] | None, spec: NormSpec) -> None:
         super().__init__()
+        # routes[is_cuda][key]: key = x.dtype, or (x.dtype, residual.dtype) with a residual (nested containers keyed
+        # by plain objects: a lookup is ~0.1 µs, where a tuple key built per call costs several times that)
+        self._routes: tuple[dict, dict] = ({}, {})
         self.spec = spec
         self.normalized_shape = None if normalized_shape is None else _as_shape(normalized_shape)
+        shape = self.normalized_shape or ()
+        # The per-call shape check of the cached path is `x.shape[-1] != _last_dim` (~0.2 µs); a multi-dim or absent
+        # normalized_shape sets it to None, which never matches, so those calls always take the full checks.
+        self._last_dim = shape[0] if len(shape) == 1 else None
+        self._row_numel = math.prod(shape) if shape else 0
         self.last_backend: str | None = None
 
     @classmethod
@@ -94,6 +122,24 @@ class Norm(nn.Module):
         param = nn.Parameter(torch.empty(self.normalized_shape, **factory)) if enabled else None
         self.register_parameter(name, param)
 
+    # ---- cached routing: a new spec, and parameters that move or are replaced, invalidate the decisions -----------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "spec":  # e.g. lnblocks.hf updating eps or backend on a patched module
+            self._clear_routes()
+        super().__setattr__(name, value)
+
+    def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
+        self._clear_routes()
+        super().register_parameter(name, param)
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .cuda(), .half(), ...
+        self._clear_routes()
+        return super()._apply(fn, recurse)
+
+    def _clear_routes(self) -> None:
+        for routes in self.__dict__.get("_routes", ()):
+            routes.clear()
+
     @property
     def backend(self) -> str:
         return self.spec.backend
@@ -103,39 +149,65 @@ class Norm(nn.Module):
         """The backend a call on ``x`` (and ``residual``) runs: ``"torch"`` or ``"triton"``; raises if ``"triton"``
         was asked for and cannot run."""
         if self.spec.backend == "torch" or (self.spec.backend == "auto" and not x.is_cuda):
-            return "torch"
-        reason = self._triton_unavailable_reason(x, residual)
+            return _TORCH
+        from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
+
+        reason = unavailable_reason(self.spec, x, residual=residual, parameters=self.named_parameters())
         if self.spec.backend == "triton":
             if reason is not None:
                 raise ValueError(f"backend='triton' cannot run here: {reason}. Use backend='auto' or 'torch'.")
-            return "triton"
-        return "triton" if reason is None else "torch"
+            return _TRITON
+        return _TRITON if reason is None else _TORCH
 
-    def _triton_unavailable_reason(self, x: Tensor, residual: Tensor | None) -> str | None:
-        if self.spec.kind not in _FUSED_KINDS:
-            return f"there is no fused kernel for norm kind {self.spec.kind!r}"
-        from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
+    def _route(self, x: Tensor, residual: Tensor | None) -> tuple[str, Any, Any]:
+        """Check the operands fully and decide how calls like this one run: ``(backend, function, fused plan)``.
 
-        reason = unavailable_reason(self.spec, x)
-        if reason is None and residual is not None:
-            reason = unavailable_reason(self.spec, residual, name="residual")
-        for name, p in self.named_parameters():
-            if reason is None and p.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-                reason = f"{name} is {p.dtype}; the kernels take float16, bfloat16 or float32 parameters"
-        return reason
+        Cached per (dtype, is_cuda) of x and residual unless tracing; ``forward`` repeats only the shape checks.
+        """
+        self._check_inputs(x, residual)
+        backend = self.backend_for(x, residual)
+        if backend == _TRITON:
+            weight = self.weight
+            plan = _fused_runner().plan_for(
+                self.spec,
+                x.dtype,
+                None if residual is None else residual.dtype,
+                None if weight is None else weight.dtype,
+            )
+            route = (_TRITON, _fused_runner().run_fused, plan)
+        elif residual is not None:
+            route = (_TORCH, self._add_and_normalize, None)
+        elif self._row_blocks_on_cpu and not x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+            route = (_TORCH, self._normalize_rows, None)
+        else:
+            route = (_TORCH, self._normalize, None)
+        if not is_compiling() and self._last_dim is not None:  # (see __init__: no fast path without one)
+            key = x.dtype if residual is None else (x.dtype, residual.dtype)
+            self._routes[x.is_cuda][key] = route
+        return route
 
     # ---- forward ---------------------------------------------------------------------------------------------
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        self._check_inputs(x, residual)
-        backend = self.backend_for(x, residual)
-        if not torch.compiler.is_compiling():
-            self.last_backend = backend
-        if backend == "triton":
-            from lnblocks.kernels import fused_norm
+        if is_dynamo_compiling():  # (a plain `return False` in eager: the cheapest such test)
+            backend, fn, plan = self._route(x, residual)  # traced as written; nothing cached in a graph
+        else:
+            try:  # the cached decision for this kind of call, and the shape checks every call needs
+                if residual is None:
+                    backend, fn, plan = self._routes[x.is_cuda][x.dtype]
+                else:
+                    backend, fn, plan = self._routes[x.is_cuda][x.dtype, residual.dtype]
+                    if residual.shape != x.shape:
+                        raise LookupError  # no broadcasting: let the full checks name the shapes
+                if x.shape[-1] != self._last_dim:
+                    raise LookupError
+            except (LookupError, AttributeError):  # first call of its kind, a wrong shape, or not a tensor
+                backend, fn, plan = self._route(x, residual)  # full checks: raises the error that names the problem
+            self.__dict__["last_backend"] = backend  # a plain attribute; skips nn.Module.__setattr__'s checks
+        if plan is not None:
+            return fn(plan, x, residual, self.weight, self.bias if self._has_bias else None, self._row_numel)
+        return fn(x) if residual is None else fn(x, residual)
 
-            return fused_norm(self, x, residual)
-        if residual is None:
-            return self._normalize_rows(x)
+    def _add_and_normalize(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         new_residual = LF.add_residual(x, residual, self.spec.residual_in_fp32)
         y = self._normalize_rows(new_residual)
         if self.spec.residual_in_fp32:
@@ -147,8 +219,11 @@ class Norm(nn.Module):
 
     def _normalize_rows(self, x: Tensor) -> Tensor:
         """``_normalize``, over cache-sized row blocks in single-threaded CPU inference (same ops per row)."""
+        if not self._row_blocks_on_cpu or self._row_numel == 0:
+            return self._normalize(x)
+        block_rows = max(1, CPU_BLOCK_BYTES // (4 * self._row_numel))
         if (
-            not self._row_blocks_on_cpu
+            x.numel() <= 2 * block_rows * self._row_numel  # small inputs first: the cheapest test
             or x.device.type != "cpu"
             or x.dtype not in (torch.float16, torch.bfloat16)
             or torch.compiler.is_compiling()
@@ -157,11 +232,7 @@ class Norm(nn.Module):
         ):
             return self._normalize(x)
         k = len(self.normalized_shape)
-        row_numel = math.prod(self.normalized_shape)
-        block_rows = max(1, CPU_BLOCK_BYTES // (4 * row_numel))
         rows = x.reshape(-1, *self.normalized_shape)  # (M, *normalized_shape)
-        if rows.shape[0] <= 2 * block_rows:
-            return self._normalize(x)
         y = torch.cat([self._normalize(block) for block in rows.split(block_rows)])
         return y.reshape(*x.shape[:-k], *y.shape[1:])
 
@@ -201,6 +272,7 @@ class LayerNorm(Norm):
     """
 
     spec: LayerNormSpec
+    _has_bias = True
 
     def __init__(
         self,
@@ -240,7 +312,12 @@ class LayerNorm(Norm):
             nn.init.zeros_(self.bias)
 
     def _normalize(self, x: Tensor) -> Tensor:
-        return LF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.spec.eps, self.spec.zero_centered)
+        params = self._parameters  # see RMSNorm._normalize
+        w, b = params.get("weight", _MISSING), params.get("bias", _MISSING)
+        if w is _MISSING or b is _MISSING:
+            w, b = self.weight, self.bias
+        s = self.spec
+        return LF.layer_norm(x, self.normalized_shape, w, b, s.eps, s.zero_centered)
 
 
 class RMSNorm(Norm):
@@ -289,18 +366,18 @@ class RMSNorm(Norm):
             nn.init.zeros_(self.weight) if self.spec.zero_centered else nn.init.ones_(self.weight)
 
     def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
-        if self.weight is None or self.spec.cast == "fp32":
-            return input_dtype
-        if self.spec.cast == "llama":
-            return torch.promote_types(self.weight.dtype, input_dtype)
-        # t5: rounded to a half-precision weight's dtype, else kept in the compute dtype
-        if self.weight.dtype in (torch.float16, torch.bfloat16):
-            return self.weight.dtype
-        return torch.promote_types(LF.compute_dtype(input_dtype), self.weight.dtype)
+        weight = self.weight
+        return LF.output_dtype("rmsnorm", self.spec.cast, input_dtype, None if weight is None else weight.dtype)
 
     def _normalize(self, x: Tensor) -> Tensor:
+        # The registered parameter straight from _parameters: `self.weight` goes through nn.Module.__getattr__, about
+        # 0.5 µs a call (per-call overhead, benchmarks/bench_norm_overhead.py). A weight that is not a registered
+        # parameter (torch.nn.utils.parametrize, FSDP's plain-tensor views) is read the usual way.
+        w = self._parameters.get("weight", _MISSING)
+        if w is _MISSING:
+            w = self.weight
         s = self.spec
-        return LF.rms_norm(x, self.normalized_shape, self.weight, s.eps, s.cast, s.zero_centered)
+        return LF.rms_norm(x, self.normalized_shape, w, s.eps, s.cast, s.zero_centered)
 
 
 class DyT(Norm):

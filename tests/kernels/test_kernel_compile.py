@@ -1,5 +1,6 @@
 """The kernels inside ``torch.compile(fullgraph=True)`` (custom ops with fake impls: no graph break), the ops'
-registration checked by ``torch.library.opcheck``, and the kernels compiled for sm_90 without a GPU."""
+registration checked by ``torch.library.opcheck``, and the kernels compiled for sm_90 without a GPU
+(``benchmarks/kernel_resources.py``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +17,9 @@ from torch import nn
 
 from lnblocks.kernels import ops
 from lnblocks.kernels.functional import fused_add_norm
+from lnblocks.kernels.plan import make_plan
 from lnblocks.norms import build_norm
-from lnblocks.norms.spec import RMSNormSpec
+from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 
 N = 32
 
@@ -77,7 +80,8 @@ def _fwd_args(residual: bool, dropout: bool):
     x, w, b = randn(5, N), randn(N), randn(N)
     r = randn(5, N) if residual else None
     seed = torch.tensor([9], device=DEVICE) if dropout else None
-    return (x, r, w, b, seed, 1e-5, False, False, 0, 0.1 if dropout else 0.0, torch.float32, torch.float32, 0, False)
+    plan = make_plan(LayerNormSpec(), x.dtype, None if r is None else r.dtype, w.dtype, None, 0.1 if dropout else 0.0)
+    return (x, r, w, b, seed, *plan.op_args())
 
 
 @pytest.mark.parametrize(("residual", "dropout"), [(False, False), (True, True)], ids=["plain", "residual_dropout"])
@@ -90,77 +94,47 @@ def test_opcheck_forward_op(residual: bool, dropout: bool) -> None:
 def test_opcheck_backward_ops() -> None:
     x = torch.randn(5, N, device=DEVICE)
     w = torch.randn(N, device=DEVICE)
-    _, _, mean, rstd = ops.norm_fwd(x, None, w, None, None, 1e-5, False, False, 0, 0.0, x.dtype, x.dtype, 0, False)
+    plan = make_plan(LayerNormSpec(), x.dtype, None, w.dtype)
+    _, _, mean, rstd = ops.norm_fwd(x, None, w, None, None, *plan.op_args())
     dy = torch.randn(5, N, device=DEVICE)
-    args = (dy, None, x, w, None, mean, rstd, False, False, 0, 0.0, True, x.dtype, None, True, True, 0)
+    args = (dy, None, x, w, None, mean, rstd, True, False, *plan.op_args())
     torch.use_deterministic_algorithms(False)
     torch.library.opcheck(ops.norm_bwd, args)
     torch.library.opcheck(ops.norm_bwd_inplace, args)
 
 
-_AOT_SCRIPT = """
-import json, sys, torch
-from lnblocks.kernels.aot import compile_norm
-out = {}
-for name, kw in json.loads(sys.argv[1]):
-    kw = {k: getattr(torch, v[6:]) if isinstance(v, str) and v.startswith("torch.") else v for k, v in kw.items()}
-    r = compile_norm(**kw)
-    out[name] = [r.registers, r.stack_bytes]
-print(json.dumps(out))
-"""
-
-_AOT_CASES = [
-    ("fwd_ln_bf16_res", dict(direction="fwd", n=4096, dtype="torch.bfloat16")),
-    (
-        "fwd_rms_llama_fp16_dropout",
-        dict(
-            direction="fwd",
-            n=1000,
-            dtype="torch.float16",
-            is_rms=True,
-            round_mode=1,
-            dropout=True,
-            residual=False,
-            weight_dtype="torch.float16",
-        ),
-    ),
-    ("fwd_ln_fp32_looped", dict(direction="fwd", n=40000, dtype="torch.float32", zero_centered=True)),
-    ("bwd_ln_bf16_res", dict(direction="bwd", n=4096, dtype="torch.bfloat16")),
-    (
-        "bwd_rms_t5_dropout",
-        dict(
-            direction="bwd",
-            n=1000,
-            dtype="torch.bfloat16",
-            is_rms=True,
-            round_mode=2,
-            dropout=True,
-            residual=False,
-            weight_dtype="torch.bfloat16",
-        ),
-    ),
-    ("bwd_ln_fp32_looped_dropout", dict(direction="bwd", n=40000, dtype="torch.float32", dropout=True)),
-    ("bwd_rms_tiny_noaffine", dict(direction="bwd", n=1, dtype="torch.bfloat16", is_rms=True, weight_dtype=None)),
-]
+ROOT = Path(__file__).resolve().parents[2]
+# A slice of benchmarks/kernel_resources.py's table: the widest single-block rows and the looped path, fp32 (the
+# most register pressure) and bf16, every variant that changes the kernel's code (residual, dropout with and
+# without a residual), both kernels, both norms, for sm_90.
+_SLICE = [
+    "--arch", "90", "--n", "16384", "65536", "--dtype", "float32", "bfloat16", "--variant", "res+dropout", "dropout",
+]  # fmt: skip
 
 
-def test_kernels_compile_for_sm90_without_spills() -> None:
+def test_kernel_resources_slice_compiles_without_spills(tmp_path: Path) -> None:
     """Triton's real compiler + ptxas on the kernels (the interpreter checks neither types nor registers)."""
-    from lnblocks.kernels.aot import tools_available
-
-    if not tools_available():
-        pytest.skip("triton's bundled CUDA tools (cuobjdump) are not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    script = ROOT / "benchmarks" / "kernel_resources.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys; m = runpy.run_path(sys.argv[1]); print(m['tools_available']())",
+         str(script)], env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if probe.stdout.strip() != "True":
+        pytest.skip(f"Triton's NVIDIA tools (ptxas, cuobjdump) are not installed: {probe.stderr[-300:]}")
+    out = tmp_path / "resources.json"
     proc = subprocess.run(
-        [sys.executable, "-c", _AOT_SCRIPT, json.dumps(_AOT_CASES)],
+        [sys.executable, str(script), *_SLICE, "--no-cache", "--json", str(out)],
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    resources = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(resources) == {name for name, _ in _AOT_CASES}
-    for name, (registers, stack) in resources.items():
-        assert 0 < registers <= 255, f"{name}: {registers} registers"
-        assert stack == 0, f"{name}: {stack} bytes of register spills"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * 2 * 2 * 2 * 2  # directions x kinds x sizes x dtypes x variants
+    for r in rows:
+        name = f"{r['direction']} {r['kind']} {r['dtype']} {r['variant']} N={r['n']}"
+        assert 0 < r["registers"] <= 255, f"{name}: {r['registers']} registers"
+        assert r["spill_bytes"] == 0, f"{name}: {r['spill_bytes']} bytes of register spills"
+        assert r["programs_per_sm"] >= 1, f"{name}: does not fit on an SM"

@@ -27,7 +27,8 @@ W = torch.ones(16, device=DEVICE)
         (dict(x=X.long()), TypeError, "x must be float16"),
         (dict(residual=torch.randn(3, 8, device=DEVICE)), ValueError, "residual: expected the same shape"),
         (dict(residual=X.double()), TypeError, "residual must be float16"),
-        (dict(weight=torch.ones(8, device=DEVICE)), ValueError, r"x: expected trailing dimension\(s\) \(8,\)"),
+        (dict(weight=torch.ones(8, device=DEVICE)), ValueError, r"weight: expected the shape of x's normalised"),
+        (dict(weight=W, normalized_shape=8), ValueError, r"x: expected trailing dimension\(s\) \(8,\)"),
         (dict(weight=W, normalized_shape=16, bias=torch.ones(4, device=DEVICE)), ValueError, "bias: expected shape"),
         (dict(weight=W, bias=W, spec=RMSNormSpec()), ValueError, "bias: not allowed"),
         (dict(weight=W, spec=LayerNormSpec(elementwise_affine=False)), ValueError, "elementwise_affine=False"),
@@ -39,6 +40,9 @@ W = torch.ones(16, device=DEVICE)
         (dict(dropout_p=0.1, seed=torch.tensor([1.0], device=DEVICE)), TypeError, "seed must be an int or a one-elem"),
         (dict(out_dtype=torch.int64), TypeError, "out_dtype must be"),
         (dict(max_block_n=100), ValueError, "max_block_n must be a power of two"),
+        (dict(max_block_n=-4), ValueError, "max_block_n must be a power of two"),
+        (dict(max_block_n=2.5), TypeError, "max_block_n must be an int"),
+        (dict(max_block_n=True), TypeError, "max_block_n must be an int"),
         (dict(inplace_backward=1), TypeError, "inplace_backward must be a bool"),
     ],
 )
@@ -48,6 +52,13 @@ def test_bad_inputs_raise(kwargs: dict, error: type[Exception], match: str) -> N
         fused_add_norm(
             args.pop("x"), args.pop("residual"), args.pop("weight"), args.pop("bias"), args.pop("spec"), **args
         )
+
+
+def test_wrong_weight_shape_names_the_weight() -> None:
+    """Issue 10: ``fused_add_norm(x, r, torch.ones(7))`` used to blame x for the weight's shape."""
+    x = torch.randn(3, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^weight: .*got \(7,\)"):
+        fused_add_norm(x, torch.randn_like(x), torch.ones(7, device=DEVICE))
 
 
 def test_cpu_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +91,7 @@ def test_import_touches_neither_cuda_nor_triton() -> None:
         "torch.cuda.is_available = boom\n"
         "import lnblocks.kernels\n"
         "assert 'triton' not in sys.modules, 'lnblocks.kernels imported triton'\n"
-        "import lnblocks.kernels.functional, lnblocks.kernels.dropout, lnblocks.kernels.autograd\n"
+        "import lnblocks.kernels.functional, lnblocks.kernels.dropout, lnblocks.kernels.ops\n"
         "assert 'triton' in sys.modules\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

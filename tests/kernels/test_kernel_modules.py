@@ -86,3 +86,17 @@ def test_fp32_parameters_with_bf16_input() -> None:
     assert g_k[0].dtype == torch.bfloat16 and g_k[1].dtype == torch.float32
     for i, (a, b, c) in enumerate(zip(g_k, g_t, g_64)):
         assert_close_to_fp64(f"grad {i}", a, b, c, ATOL[torch.bfloat16] * 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_default_eps_is_the_compute_dtypes(dtype: torch.dtype) -> None:
+    """``RMSNorm(eps=None)`` means fp32's machine epsilon for half inputs (``F.rms_norm``); the fused path used the
+    half dtype's (bf16: 0.0078), which changes every output of a row with a small mean square."""
+    torch_m = build_norm("rmsnorm", N, backend="torch", dtype=dtype, device=DEVICE)
+    triton_m = build_norm("rmsnorm", N, backend="triton", dtype=dtype, device=DEVICE)
+    x = (torch.randn(4, N, device=DEVICE) * 1e-2).to(dtype)  # mean square ~1e-4, far from either eps
+    y_t, y_k = torch_m(x), triton_m(x)
+    y_64 = build_norm(
+        "rmsnorm", N, backend="torch", dtype=torch.float64, device=DEVICE, eps=torch.finfo(torch.float32).eps
+    )(x.double())
+    assert_close_to_fp64("y", y_k, y_t, y_64, ATOL[dtype])

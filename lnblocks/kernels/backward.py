@@ -19,6 +19,7 @@ from torch import Tensor
 from lnblocks.kernels._jit_common import keep_mask, load_weight, round_hat, round_to
 from lnblocks.kernels.heuristics import LaunchConfig, bwd_config, bwd_grid
 from lnblocks.kernels.launch import empty, interpreter_rne, row_stride, tl_dtype
+from lnblocks.kernels.plan import NormPlan
 
 
 # fmt: off
@@ -143,30 +144,32 @@ def _norm_bwd_kernel(
             tl.debug_barrier()  # the next row reads the partial row this one wrote, possibly from other threads
 
 
-def bwd_launch(
-    dy: Tensor, dres_out: Tensor | None, z: Tensor, weight: Tensor | None, seed: Tensor | None,
+def bwd_kernel_args(
+    plan: NormPlan, dy: Tensor, dres_out: Tensor | None, z: Tensor, weight: Tensor | None, seed: Tensor | None,
     mean: Tensor | None, rstd: Tensor, dx: Tensor, dres: Tensor | None, dw_part: Tensor | None,
-    db_part: Tensor | None, *, rows_per_program: int, is_rms: bool, zero_centered: bool, round_mode: int,
-    dropout_p: float, recompute_dropout: bool, cfg: LaunchConfig,
+    db_part: Tensor | None, *, rows_per_program: int, cfg: LaunchConfig,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``_norm_bwd_kernel`` for these operands (also used to compile ahead of time)."""
+    """Keyword arguments of ``_norm_bwd_kernel`` (shared with the ahead-of-time compile in ``tools/``)."""
     m, n = z.shape
+    p = plan.dropout_p
     return dict(
         Z=z, W=weight, SEED=seed, MEAN=mean, RSTD=rstd, DY=dy, DRES_OUT=dres_out, DX=dx, DRES=dres, DW=dw_part,
         DB=db_part, stride_zm=row_stride(z), stride_dym=row_stride(dy), stride_drom=row_stride(dres_out),
         stride_dxm=row_stride(dx), stride_dresm=row_stride(dres),
-        M=m, N=n, rows_per_program=rows_per_program, dropout_p=dropout_p, dropout_scale=1.0 / (1.0 - dropout_p),
-        IS_RMS=is_rms, HAS_W=weight is not None, ZERO_CENTERED=zero_centered, HAS_DROPOUT=dropout_p > 0,
-        RECOMPUTE_DROPOUT=recompute_dropout and dropout_p > 0, HAS_DRES_OUT=dres_out is not None,
+        M=m, N=n, rows_per_program=rows_per_program, dropout_p=p, dropout_scale=1.0 / (1.0 - p),
+        IS_RMS=plan.is_rms, HAS_W=weight is not None, ZERO_CENTERED=plan.zero_centered, HAS_DROPOUT=p > 0,
+        RECOMPUTE_DROPOUT=not plan.has_residual and p > 0, HAS_DRES_OUT=dres_out is not None,
         STORE_DRES=dres is not None, COMPUTE_DW=dw_part is not None, COMPUTE_DB=db_part is not None,
-        ROUND_MODE=round_mode, Z_DTYPE=tl_dtype(z.dtype),
+        ROUND_MODE=plan.round_mode, Z_DTYPE=tl_dtype(z.dtype),
         W_DTYPE=tl_dtype(weight.dtype if weight is not None else z.dtype), DX_DTYPE=tl_dtype(dx.dtype),
         DRES_DTYPE=tl_dtype(dres.dtype if dres is not None else dx.dtype), RNE=interpreter_rne(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE_BLOCK=cfg.single_block, num_warps=cfg.num_warps,
+        maxnreg=cfg.max_registers,
     )
 
 
-def norm_bwd(
+def launch_backward(
+    plan: NormPlan,
     dy: Tensor,  # (M, N), gradient of y
     dres_out: Tensor | None,  # (M, N), gradient of the new residual (None: unused downstream)
     z: Tensor,  # (M, N), the saved norm input: the new residual, or x when there was no residual
@@ -174,41 +177,31 @@ def norm_bwd(
     seed: Tensor | None,
     mean: Tensor,  # (M,) fp32, empty for RMSNorm
     rstd: Tensor,  # (M,) fp32
-    *,
-    is_rms: bool,
-    zero_centered: bool,
-    round_mode: int,
-    dropout_p: float,
-    recompute_dropout: bool,
-    x_dtype: torch.dtype,
-    dres_dtype: torch.dtype | None,
     compute_dw: bool,
     compute_db: bool,
-    max_block_n: int = 0,
     dx_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Launch the backward; returns ``(dx, dresidual, dweight, dbias)``, the ones not asked for as empty tensors.
+    """Run the backward; returns ``(dx, dresidual, dweight, dbias)``, the ones not asked for as empty tensors.
 
-    ``dresidual`` (in ``dres_dtype``) is written only when it differs from dx (dropout, or another dtype); otherwise
-    the caller reuses dx. ``dweight``/``dbias`` are fp32. ``dx_out``: where to write dx (``dy`` itself for the
-    opt-in in-place backward).
+    ``dresidual`` (in the residual's dtype) is written only when ``plan.separate_dresidual``; otherwise the caller
+    reuses dx. ``dweight``/``dbias`` are fp32. ``dx_out``: where to write dx (``dy`` itself for the opt-in in-place
+    backward).
     """
     m, n = z.shape
     dev = z.device
-    dx = dx_out if dx_out is not None else empty((m, n), x_dtype, dev)
-    dres = empty((m, n) if dres_dtype is not None else (0,), dres_dtype or x_dtype, dev)
-    cfg = bwd_config(n, max_block_n)
+    separate = plan.separate_dresidual
+    dx = dx_out if dx_out is not None else empty((m, n), plan.x_dtype, dev)
+    dres = empty((m, n) if separate else (0,), plan.residual_dtype if separate else plan.x_dtype, dev)
+    cfg = bwd_config(n, plan.max_block_n, plan.dropout_p > 0)
     programs, rows_per_program = bwd_grid(m, cfg, dev)
     dw_part = empty((programs, n) if compute_dw else (0,), torch.float32, dev)
     db_part = empty((programs, n) if compute_db else (0,), torch.float32, dev)
     if m == 0:  # no rows: zero gradients for the weight and bias
         dw, db = (dw_part.new_zeros((n,) if flag else (0,)) for flag in (compute_dw, compute_db))
         return dx, dres, dw, db
-    kwargs = bwd_launch(
-        dy, dres_out, z, weight, seed, None if is_rms else mean, rstd, dx, dres if dres_dtype is not None else None,
-        dw_part if compute_dw else None, db_part if compute_db else None, rows_per_program=rows_per_program,
-        is_rms=is_rms, zero_centered=zero_centered, round_mode=round_mode, dropout_p=dropout_p,
-        recompute_dropout=recompute_dropout, cfg=cfg,
+    kwargs = bwd_kernel_args(
+        plan, dy, dres_out, z, weight, seed, None if plan.is_rms else mean, rstd, dx, dres if separate else None,
+        dw_part if compute_dw else None, db_part if compute_db else None, rows_per_program=rows_per_program, cfg=cfg,
     )
     _norm_bwd_kernel[(programs,)](**kwargs)
     # Fixed-order reduction of the per-program partials: deterministic run to run.

@@ -17,6 +17,7 @@ from torch import Tensor
 from lnblocks.kernels._jit_common import load_weight, load_z, round_hat, round_to
 from lnblocks.kernels.heuristics import fwd_config
 from lnblocks.kernels.launch import empty, interpreter_rne, row_stride, tl_dtype
+from lnblocks.kernels.plan import NormPlan
 
 
 # fmt: off
@@ -109,60 +110,51 @@ def _norm_fwd_kernel(
                              ZERO_CENTERED, ROUND_MODE, Z_DTYPE, W_DTYPE, Y_DTYPE, RNE)
 
 
-def fwd_launch(
-    x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, seed: Tensor | None,
-    y: Tensor, res: Tensor | None, mean: Tensor | None, rstd: Tensor, *, eps: float, is_rms: bool,
-    zero_centered: bool, round_mode: int, dropout_p: float, max_block_n: int = 0,
+def fwd_kernel_args(
+    plan: NormPlan, x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
+    seed: Tensor | None, y: Tensor, res: Tensor | None, mean: Tensor | None, rstd: Tensor,
 ) -> tuple[tuple[int], dict[str, Any]]:
-    """Grid and keyword arguments of ``_norm_fwd_kernel`` for these operands (also used to compile ahead of time)."""
+    """Grid and keyword arguments of ``_norm_fwd_kernel`` (shared with the ahead-of-time compile in ``tools/``)."""
     m, n = x.shape
-    cfg = fwd_config(n, max_block_n)
+    cfg = fwd_config(n, plan.max_block_n)
     z_dtype = res.dtype if res is not None else x.dtype
+    p = plan.dropout_p
     kwargs = dict(
         X=x, R=residual, W=weight, B=bias, SEED=seed, Y=y, RES=res, MEAN=mean, RSTD=rstd,
         stride_xm=row_stride(x), stride_rm=row_stride(residual), stride_ym=row_stride(y), stride_resm=row_stride(res),
-        M=m, N=n, eps=eps, dropout_p=dropout_p, dropout_scale=1.0 / (1.0 - dropout_p),
-        IS_RMS=is_rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        ZERO_CENTERED=zero_centered, HAS_DROPOUT=dropout_p > 0, ROUND_MODE=round_mode,
+        M=m, N=n, eps=plan.eps, dropout_p=p, dropout_scale=1.0 / (1.0 - p),
+        IS_RMS=plan.is_rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
+        ZERO_CENTERED=plan.zero_centered, HAS_DROPOUT=p > 0, ROUND_MODE=plan.round_mode,
         Z_DTYPE=tl_dtype(z_dtype), W_DTYPE=tl_dtype(weight.dtype if weight is not None else z_dtype),
         Y_DTYPE=tl_dtype(y.dtype), RNE=interpreter_rne(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE_BLOCK=cfg.single_block, num_warps=cfg.num_warps,
+        maxnreg=cfg.max_registers,
     )
     return (triton.cdiv(m, cfg.block_m),), kwargs
 
 
-def norm_fwd(
+def launch_forward(
+    plan: NormPlan,
     x: Tensor,  # (M, N), unit stride along N
     residual: Tensor | None,  # (M, N)
     weight: Tensor | None,  # (N,)
     bias: Tensor | None,  # (N,)
-    seed: Tensor | None,  # (1,) int64, with dropout_p > 0
-    *,
-    eps: float,
-    is_rms: bool,
-    zero_centered: bool,
-    round_mode: int,
-    dropout_p: float,
-    residual_dtype: torch.dtype,
-    out_dtype: torch.dtype,
-    max_block_n: int = 0,
+    seed: Tensor | None,  # (1,) int64, with dropout
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Launch the forward; returns ``(y, new_residual, mean, rstd)``, the absent ones as empty tensors.
+    """Run the forward; returns ``(y, new_residual, mean, rstd)``, the absent ones as empty tensors.
 
-    ``new_residual = dropout(x) + residual`` in ``residual_dtype``; ``y = norm(new_residual)`` (or ``norm(dropout(x))``
-    without a residual) in ``out_dtype``; mean (LayerNorm only) and rstd are fp32, one per row.
+    ``new_residual = dropout(x) + residual`` in ``plan.norm_dtype``; ``y = norm(new_residual)`` (or
+    ``norm(dropout(x))`` without a residual) in ``plan.out_dtype``; mean (LayerNorm only) and rstd: fp32, one per row.
     """
     m, n = x.shape
     has_res = residual is not None
-    y = empty((m, n), out_dtype, x.device)
-    res = empty((m, n) if has_res else (0,), residual_dtype, x.device)
-    mean = empty((m if not is_rms else 0,), torch.float32, x.device)
+    y = empty((m, n), plan.out_dtype, x.device)
+    res = empty((m, n) if has_res else (0,), plan.norm_dtype, x.device)
+    mean = empty((m if not plan.is_rms else 0,), torch.float32, x.device)
     rstd = empty((m,), torch.float32, x.device)
     if m > 0:
-        grid, kwargs = fwd_launch(
-            x, residual, weight, bias, seed, y, res if has_res else None, None if is_rms else mean, rstd, eps=eps,
-            is_rms=is_rms, zero_centered=zero_centered, round_mode=round_mode, dropout_p=dropout_p,
-            max_block_n=max_block_n,
+        grid, kwargs = fwd_kernel_args(
+            plan, x, residual, weight, bias, seed, y, res if has_res else None, None if plan.is_rms else mean, rstd
         )
         _norm_fwd_kernel[grid](**kwargs)
     return y, res, mean, rstd
