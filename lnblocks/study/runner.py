@@ -118,18 +118,23 @@ def _load(config: str | Path | StudyConfig, overrides: Mapping[str, Any] | None)
     return load_study(config, overrides=overrides)
 
 
-def _executor(name: str, workers: int, todo: int, study: StudyConfig, ray_address: str | None) -> Executor:
+def _check_executor(name: str, workers: int, ray_address: str | None) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     if name not in EXECUTORS:
         raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {name!r}")
-    if name == "local":
-        if ray_address is not None:
-            raise ValueError("--ray-address is for --executor ray")
-        return make_executor(min(workers, max(todo, 1)))
-    if workers != 1:
+    if name == "local" and ray_address is not None:
+        raise ValueError("--ray-address is for --executor ray")
+    if name == "ray" and workers != 1:
         raise ValueError(
             "--workers is for --executor local; with Ray as many runs train at once as the cluster's resources "
             "allow (resources.cpus_per_run / gpus_per_run in the study file)"
         )
+
+
+def _executor(name: str, workers: int, todo: int, study: StudyConfig, ray_address: str | None) -> Executor:
+    if name == "local":
+        return make_executor(min(workers, max(todo, 1)))
     from lnblocks.study.ray_executor import RayExecutor
 
     return RayExecutor(study.resources, address=ray_address)
@@ -153,10 +158,7 @@ def run_study(
     ``threads``) or ``"ray"`` (one Ray task per run on the cluster at ``ray_address``, or a local Ray instance).
     Launched by ``torchrun`` (WORLD_SIZE > 1): every run of an ``lm`` study trains with DDP over the ranks.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {executor!r}")
+    _check_executor(executor, workers, ray_address)
     from lnblocks._optional import require
 
     study = _load(config, overrides)

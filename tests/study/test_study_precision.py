@@ -119,7 +119,11 @@ def test_records_carry_the_backends_that_ran(fp32) -> None:
 @pytest.mark.slow
 def test_compiled_run_follows_the_eager_run() -> None:
     """``train.compile``: torch.compile (inductor) fuses ops, so losses agree to float rounding, not bit for bit."""
-    small = {**BASE, "model": {"depth": 1, "dim": 16, "n_heads": 2}, "diagnostics": {"every": 2, "init_grad_batches": 0}}
+    small = {
+        **BASE,
+        "model": {"depth": 1, "dim": 16, "n_heads": 2},
+        "diagnostics": {"every": 2, "init_grad_batches": 0},
+    }
     eager, compiled = (
         train_run(RunConfig.from_dict({**small, "train": {"steps": 3, "compile": c}}), show_progress=False)
         for c in (False, True)

@@ -50,8 +50,15 @@ def test_tokens_source_from_a_study_file_with_relative_paths(tmp_path: Path, mon
     val.astype(np.uint16).tofile(tmp_path / "data" / "val.bin")
     (tmp_path / "study").mkdir()
     cfg = tmp_path / "study" / "s.yaml"
-    data = {"source": "tokens", "train_path": "../data/train.bin", "val_path": "../data/val.bin",
-            "vocab_size": vocab, "seq_len": 16, "batch_size": 4, "eval_batches": 2}  # fmt: skip
+    data = {
+        "source": "tokens",
+        "train_path": "../data/train.bin",
+        "val_path": "../data/val.bin",
+        "vocab_size": vocab,
+        "seq_len": 16,
+        "batch_size": 4,
+        "eval_batches": 2,
+    }
     cfg.write_text(yaml_dump({"data": data, **SMALL, "grid": {"train.lr": [1.0e-6, 3.0e-3]}}))
     monkeypatch.chdir(tmp_path / "data")  # paths in the file are relative to the file, not to the current folder
 
@@ -103,8 +110,16 @@ def texts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_text_source_is_tokenized_once_and_its_reference_reaches_the_record(texts: Path, capsys) -> None:
-    data = {"source": "text", "files": ["texts/*.txt"], "tokenizer": "bpe/tokenizer.json",
-            "eos_token": "<|endoftext|>", "cache_dir": "cache", "seq_len": 16, "batch_size": 4, "eval_batches": 1}  # fmt: skip
+    data = {
+        "source": "text",
+        "files": ["texts/*.txt"],
+        "tokenizer": "bpe/tokenizer.json",
+        "eos_token": "<|endoftext|>",
+        "cache_dir": "cache",
+        "seq_len": 16,
+        "batch_size": 4,
+        "eval_batches": 1,
+    }
     cfg = texts / "text.yaml"
     cfg.write_text(yaml_dump({"data": data, **SMALL}))
     assert cli_main(["data", "prepare", str(cfg)]) == 0
@@ -132,9 +147,17 @@ def test_hf_dataset_source_from_json_rows(tmp_path: Path) -> None:
     with open(tmp_path / "rows.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps({"body": r}) + "\n")
-    data = {"source": "hf_dataset", "dataset": str(tmp_path / "rows.jsonl"), "text_column": "body",
-            "eos_token": "\n", "eval_fraction": 0.2, "cache_dir": str(tmp_path / "cache"), "seq_len": 16,
-            "batch_size": 4, "eval_batches": 1}  # fmt: skip
+    data = {
+        "source": "hf_dataset",
+        "dataset": str(tmp_path / "rows.jsonl"),
+        "text_column": "body",
+        "eos_token": "\n",
+        "eval_fraction": 0.2,
+        "cache_dir": str(tmp_path / "cache"),
+        "seq_len": 16,
+        "batch_size": 4,
+        "eval_batches": 1,
+    }
     rec = train_run(RunConfig.from_dict({"data": data, **SMALL}), show_progress=False)
     train = np.frombuffer("".join(r + "\n" for r in rows[:48]).encode(), np.uint8).astype(np.int64)
     val = np.frombuffer("".join(r + "\n" for r in rows[48:]).encode(), np.uint8).astype(np.int64)
@@ -145,20 +168,30 @@ def test_hf_dataset_source_from_json_rows(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        ({"source": "tokens", "train_path": "nope.bin", "val_path": "nope.bin", "vocab_size": 9},
-         r"data\.train_path is not an existing file"),
+        (
+            {"source": "tokens", "train_path": "nope.bin", "val_path": "nope.bin", "vocab_size": 9},
+            r"data\.train_path is not an existing file",
+        ),
         ({"source": "tokens", "train_path": "{tb}", "val_path": "{tb}"}, r"data\.vocab_size is required"),
         ({"source": "markov", "train_path": "{tb}"}, r"data\.train_path is a key of the sources \['tokens'"),
         ({"source": "text", "files": ["{tb}"], "texts": "folio"}, r"data\.texts is a key of the sources"),
         ({"source": "text", "files": ["*.nothing"]}, r"data\.files\[0\] matches no file"),
         ({"source": "text", "files": ["{tb}"], "tokenizer": "no/such/tokenizer"}, r"data\.tokenizer must be 'bytes'"),
-    ],  # fmt: skip
+    ],
 )
 def test_bad_data_sections_name_the_key(tmp_path: Path, monkeypatch, data: dict, match: str) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.bin").write_bytes(b"\0\0" * 64)
-    data = {k: (v.format(tb="t.bin") if isinstance(v, str) else [x.format(tb="t.bin") for x in v]
-                if isinstance(v, list) else v) for k, v in data.items()}  # fmt: skip
+    data = {
+        k: (
+            v.format(tb="t.bin")
+            if isinstance(v, str)
+            else [x.format(tb="t.bin") for x in v]
+            if isinstance(v, list)
+            else v
+        )
+        for k, v in data.items()
+    }
     with pytest.raises(ConfigValueError, match=match):
         load_study_from(tmp_path, {"data": data})
 
