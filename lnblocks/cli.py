@@ -15,6 +15,10 @@ from collections.abc import Sequence
 
 USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 EXIT_USER_ERROR = 2
+SET_HELP = (
+    "override a config key before validation (repeatable), e.g. --set train.steps=2 --set model.dim=32; "
+    "a grid axis takes a list (--set train.lr=[1e-3]); values are read as YAML"
+)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -35,10 +39,39 @@ def _cmd_patch_check(args: argparse.Namespace) -> int:
     return patch_check(args.model_dir, backend=args.backend)
 
 
+def _overrides(pairs: list[str] | None) -> dict[str, object]:
+    """``--set key=value`` pairs -> ``{dotted key: value}``, values read as YAML (``1e-3``, ``[pre, post]``)."""
+    from lnblocks.study.yamlfile import parse_value
+
+    out: dict[str, object] = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set takes key=value (e.g. --set train.steps=2), got {pair!r}")
+        key = key.strip()
+        if key in out:
+            raise ValueError(f"--set {key} is given twice")
+        out[key] = parse_value(text, where=f"--set {key}")
+    return out
+
+
 def _cmd_study_run(args: argparse.Namespace) -> int:
     from lnblocks.study.runner import run_study
 
-    return run_study(args.config, args.out, workers=args.workers)
+    return run_study(
+        args.config,
+        args.out,
+        workers=args.workers,
+        overrides=_overrides(args.set),
+        executor=args.executor,
+        ray_address=args.ray_address,
+    )
+
+
+def _cmd_data_prepare(args: argparse.Namespace) -> int:
+    from lnblocks.study.prepare import prepare_study_data
+
+    return prepare_study_data(args.config, _overrides(args.set))
 
 
 def _cmd_study_report(args: argparse.Namespace) -> int:
@@ -84,11 +117,37 @@ def build_parser() -> argparse.ArgumentParser:
     run = study_sub.add_parser("run", parents=[debug], help="run a study grid (skips finished runs) and its report")
     run.add_argument("config", help="a study YAML config (see configs/): task lm or cnn_digits")
     run.add_argument("--out", required=True, help="output folder: study.json, runs/, report files")
-    run.add_argument("--workers", type=_workers, default=1, help="parallel worker processes (default 1)")
+    run.add_argument(
+        "--workers", type=_workers, default=1, help="parallel worker processes of --executor local (default 1)"
+    )
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
+    run.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this machine (--workers processes); ray: one Ray task per run (pip install 'lnblocks[ray]')",
+    )
+    run.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="a running Ray cluster (HEAD:6379, or auto); default: start a local Ray instance",
+    )
     run.set_defaults(func=_cmd_study_run)
     report = study_sub.add_parser("report", parents=[debug], help="rebuild the report of OUT from its records")
     report.add_argument("out", help="a study output folder")
     report.set_defaults(func=_cmd_study_report)
+
+    data = sub.add_parser("data", parents=[debug], help="the data of a study: tokenize a corpus once")
+    data_sub = data.add_subparsers(dest="data", required=True)
+    prep = data_sub.add_parser(
+        "prepare",
+        parents=[debug],
+        help="tokenize (or check) the corpus of a study file; print its tokens, vocabulary and reference losses",
+    )
+    prep.add_argument("config", help="a study YAML config whose data section names a corpus")
+    prep.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
+    prep.set_defaults(func=_cmd_data_prepare)
     return parser
 
 

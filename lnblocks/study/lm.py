@@ -6,17 +6,18 @@ A study file of this task has the run sections ``data``, ``model``, ``train``, `
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from lnblocks.blocks.config import AttentionConfig, MLPConfig
 from lnblocks.config import ConfigTypeError, ConfigValueError
-from lnblocks.study.config import SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
+from lnblocks.study.config import BUILTIN_SOURCES, PATH_KEYS, SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
 from lnblocks.study.grid import StudyConfig, parse_axis
 from lnblocks.study.records import RunRecord
 from lnblocks.study.tasks import Task
 
-TOP_LEVEL_KEYS = (*SECTIONS, "analysis", "grid")
+TOP_LEVEL_KEYS = (*SECTIONS, "analysis", "grid")  # plus the study-wide tracking and resources (grid.py)
 # third-level keys a grid may set: section.field.key
 NESTED_KEYS: dict[tuple[str, str], Any] = {
     ("train", "optimizer"): OptimizerConfig,
@@ -52,7 +53,7 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
     """The ``StudyConfig`` of a merged study file of the ``lm`` task; every grid point is validated now."""
     unknown = sorted(str(k) for k in set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
-        valid = ["name", "description", "task", "extends", *TOP_LEVEL_KEYS]
+        valid = ["name", "description", "task", "extends", *TOP_LEVEL_KEYS, "tracking", "resources"]
         raise ConfigValueError(unknown[0], f"is not a top-level key of an lm study file; valid: {valid}")
     base: dict[str, Any] = {}
     for section in SECTIONS:
@@ -84,10 +85,36 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
     return study
 
 
-def train(run: RunConfig, show_progress: bool = False, position: int = 0) -> RunRecord:
+def train(
+    run: RunConfig, show_progress: bool = False, position: int = 0, tracking: Any = None, out_dir: str | None = None
+) -> RunRecord:
+    """One run, its curves logged live under ``out_dir`` when ``tracking`` is on."""
+    from lnblocks.study.tracking import open_tracker
     from lnblocks.study.train import train_run
 
-    return train_run(run, show_progress=show_progress, position=position)
+    if tracking is None or out_dir is None:
+        return train_run(run, show_progress=show_progress, position=position)
+    with open_tracker(tracking, out_dir, run.run_id, run.to_dict()) as tracker:
+        return train_run(run, show_progress=show_progress, position=position, tracker=tracker)
+
+
+def prepare(runs: list[RunConfig], show_progress: bool = False) -> list[str]:
+    """Tokenize (or check) every distinct corpus the runs train on, once, before any run starts; one line each."""
+    from lnblocks.study.corpus import prepare as prepare_corpus
+
+    lines = []
+    corpora = {}
+    for run in runs:
+        if run.data.source not in BUILTIN_SOURCES:
+            corpus = run.data.corpus_config()
+            corpora.setdefault(json.dumps(corpus.to_dict(), sort_keys=True), corpus)
+    for corpus in corpora.values():
+        s = prepare_corpus(corpus, show_progress=show_progress)
+        lines.append(
+            f"{s.describe().splitlines()[0]}; {s.train_tokens:,} train / {s.val_tokens:,} val tokens, "
+            f"vocabulary {s.vocab_size:,}, unigram plateau {s.reference['unigram']:.4f} nats"
+        )
+    return lines
 
 
 def outcome(record: RunRecord) -> str:
@@ -104,4 +131,12 @@ def report(
     return build_lm_report(out, records, manifest, problems, plots=plots, echo=echo)
 
 
-TASK = Task(name="lm", study_from_dict=study_from_dict, train=train, outcome=outcome, report=report)
+TASK = Task(
+    name="lm",
+    study_from_dict=study_from_dict,
+    train=train,
+    outcome=outcome,
+    report=report,
+    path_keys={f"data.{k}": ("bytes",) if k == "tokenizer" else () for k in PATH_KEYS},
+    prepare=prepare,
+)

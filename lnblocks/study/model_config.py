@@ -68,7 +68,8 @@ class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
     - ``qkv_init_gain``: older spelling of ``qkv_init`` (``1.0`` = ``per_matrix``, ``2 ** -0.5`` = ``stacked``).
 
     Defaults follow Xiong et al. 2020's analysis (arXiv 2002.04745): Xavier-normal matrices (``init: xavier``), unit
-    embeddings, ReLU MLP of 4 * dim, learned positions, untied head.
+    embeddings, ReLU MLP of 4 * dim, learned positions, untied head; attention ``backend: flash_attn`` (flash-attn
+    on CUDA in bf16/fp16 when installed, sdpa otherwise; the record says which ran) and norms ``backend: auto``.
     """
 
     depth: int = 6
@@ -136,6 +137,8 @@ class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
                 raise ConfigTypeError(name, f"must be a mapping, got {type(value).__name__} {value!r}")
         if self.activation is None and "activation" not in nested["mlp"]:
             nested["mlp"]["activation"] = "relu"  # the study's default (Xiong et al.'s ReLU MLP)
+        # the study's default: flash-attn where it can run (CUDA, bf16/fp16, installed), else sdpa
+        nested["attention"].setdefault("backend", "flash_attn")
         for short, targets in SHORTHANDS.items():
             value = getattr(self, short)
             if value is None:

@@ -1,24 +1,26 @@
-"""Run a study of any task: skip runs that have a valid record, train the rest on an executor (this process, or a
-pool of supervised worker processes; every run with DDP under ``torchrun``), write one record per run atomically,
-then build the report.
+"""Run a study of any task: skip runs that have a valid record, make the runs' inputs ready (tokenize a corpus once),
+train the rest on an executor (this process, a pool of supervised worker processes, or Ray tasks on a cluster; every
+run with DDP under ``torchrun``), write one record per run atomically as it arrives, then build the report.
 
 Layout of ``OUT``: ``study.json`` (the resolved study and its run ids), ``runs/<run id>.json`` (one ``RunRecord``
 per finished run), and what the task's report writes. A record is written only when its run ends (temp file +
 ``os.replace``), so a killed run leaves no partial result: the next invocation removes the dead process's temp file
 and redoes that run; a record that fails validation (truncated, a key missing) is redone too. While a run trains, its
 runner holds an exclusive lock on ``runs/<run id>.lock``, so two runners on one folder never train the same run.
+With ``tracking`` on, curves go to ``tensorboard/<run id>/``: live from the local executors, from each record as it
+arrives with Ray (``tracking.replay``: the same points).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from lnblocks.study.executors import Job, Outcome, make_executor
+from lnblocks.study.executors import Executor, Job, Outcome, make_executor
 from lnblocks.study.grid import StudyConfig, load_study
 from lnblocks.study.records import RecordError, read_record, remove_stale_tmp, write_json_atomic, write_record
 from lnblocks.study.tasks import get_task
@@ -107,6 +109,37 @@ def _prepare(study: StudyConfig, out: Path) -> Path:
     return runs_dir
 
 
+EXECUTORS = ("local", "ray")
+
+
+def _load(config: str | Path | StudyConfig, overrides: Mapping[str, Any] | None) -> StudyConfig:
+    if isinstance(config, StudyConfig):
+        return config.override(overrides) if overrides else config
+    return load_study(config, overrides=overrides)
+
+
+def _check_executor(name: str, workers: int, ray_address: str | None) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    if name not in EXECUTORS:
+        raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {name!r}")
+    if name == "local" and ray_address is not None:
+        raise ValueError("--ray-address is for --executor ray")
+    if name == "ray" and workers != 1:
+        raise ValueError(
+            "--workers is for --executor local; with Ray as many runs train at once as the cluster's resources "
+            "allow (resources.cpus_per_run / gpus_per_run in the study file)"
+        )
+
+
+def _executor(name: str, workers: int, todo: int, study: StudyConfig, ray_address: str | None) -> Executor:
+    if name == "local":
+        return make_executor(min(workers, max(todo, 1)))
+    from lnblocks.study.ray_executor import RayExecutor
+
+    return RayExecutor(study.resources, address=ray_address)
+
+
 def run_study(
     config: str | Path | StudyConfig,
     out_dir: str | Path,
@@ -114,21 +147,31 @@ def run_study(
     *,
     show_progress: bool | None = None,
     report: bool = True,
+    overrides: Mapping[str, Any] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> int:
     """Run every unfinished run of ``config`` into ``out_dir`` and build the report; 0 if every run has a record.
 
-    ``workers`` > 1: that many supervised worker processes (each run with its own ``threads``). Launched by
-    ``torchrun`` (WORLD_SIZE > 1): every run of an ``lm`` study trains with DDP over the ranks.
+    ``overrides``: dotted keys applied to the study file before validation (``--set``; see ``apply_overrides``).
+    ``executor``: ``"local"`` (``workers`` > 1: that many supervised worker processes, each run with its own
+    ``threads``) or ``"ray"`` (one Ray task per run on the cluster at ``ray_address``, or a local Ray instance).
+    Launched by ``torchrun`` (WORLD_SIZE > 1): every run of an ``lm`` study trains with DDP over the ranks.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    _check_executor(executor, workers, ray_address)
     from lnblocks._optional import require
 
-    study = config if isinstance(config, StudyConfig) else load_study(config)
+    study = _load(config, overrides)
     task = get_task(study.task)
     require("tqdm")
     if report:
         require("matplotlib")  # fail before training, not after it
+    if study.tracking.tensorboard:
+        require("tensorboard")
+    if study.tracking.wandb:
+        require("wandb")
+    if executor == "ray":
+        require("ray")
     out = Path(out_dir)
     show = sys.stderr.isatty() if show_progress is None else show_progress
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -149,6 +192,12 @@ def run_study(
             file=sys.stderr,
         )
     print(f"study {study.name!r}: {total} runs, {done} already finished, {len(todo)} to run -> {out}", flush=True)
+    pool = _executor(executor, workers, len(todo), study, ray_address)
+    if todo and task.prepare is not None:  # tokenize a corpus once here, not in every worker at the same time
+        for line in task.prepare(todo, show_progress=show):
+            print(line, flush=True)
+    live = pool.live_tracking
+    tracking = study.tracking if study.tracking.enabled else None
     failed: list[tuple[str, str]] = []
     elsewhere: list[str] = []
     locks: dict[str, RunLock] = {}
@@ -166,12 +215,16 @@ def run_study(
                 bar.update(1)
                 continue
             locks[run.run_id] = lock
-            yield Job(study.task, run, show)
+            yield Job(study.task, run, show and live, tracking if live else None, str(out))
 
     def finished(job: Job, outcome: Outcome) -> None:
         try:
             if outcome.record is not None:
                 write_record(record_path(runs_dir, job.run_id), outcome.record)
+                if tracking is not None and not live:
+                    from lnblocks.study.tracking import replay
+
+                    replay(outcome.record, out, tracking)
                 bar.write(task.outcome(outcome.record))
             else:
                 failed.append((job.run_id, outcome.error or "unknown error"))
@@ -181,7 +234,7 @@ def run_study(
             bar.update(1)
 
     try:
-        make_executor(min(workers, max(len(todo), 1))).map(jobs(), finished)
+        pool.map(jobs(), finished)
     finally:
         bar.close()
         for lock in locks.values():

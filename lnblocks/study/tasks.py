@@ -8,8 +8,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from lnblocks.config import ConfigValueError
@@ -24,7 +24,10 @@ class Task:
     ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study file;
     ``train(run, show_progress, position)``: one run's ``RunRecord`` (in whichever process trains it);
     ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots, echo)``: write the
-    report files from records alone and return an exit code.
+    report files from records alone and return an exit code. ``path_keys``: dotted option keys whose values are file
+    paths (relative ones resolve against the study file's folder), each with the values that are not paths;
+    ``prepare(runs, show_progress)``: make the runs' inputs ready before any run starts (tokenize a corpus once),
+    returning one line per input.
     """
 
     name: str
@@ -32,6 +35,8 @@ class Task:
     train: Callable[..., Any]
     outcome: Callable[[Any], str]
     report: Callable[..., int]
+    path_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    prepare: Callable[..., list[str]] | None = None
 
 
 def task_names() -> list[str]:

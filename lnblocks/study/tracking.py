@@ -20,7 +20,8 @@ Layers are numbered from 0, two digits (``layer_03``) so TensorBoard sorts them 
 diverging run) are skipped and counted in ``Tracker.skipped``: a record stores them as ``null``, so a live run and
 ``replay`` of its record write the same points. The contract that makes ``replay`` equal to live logging: the
 trainer logs ``loss/train`` every step, ``loss/eval`` at every evaluation and ``diagnostics_scalars(entry)`` for
-every diagnostics entry of the record, exactly what the record keeps (values as the record rounds them).
+every diagnostics entry of the record, exactly what the record keeps (values as the record rounds them), through a
+``CurveLogger`` each time it reads the losses from the device (every ``train.log_every`` steps).
 ``replay`` is how the Ray driver writes curves: as each record arrives, no shared filesystem needed.
 """
 
@@ -30,7 +31,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,45 @@ class MultiTracker(Tracker):
     def close(self) -> None:
         for t in self.trackers:
             t.close()
+
+
+class CurveLogger:
+    """Logs a training run's curves to ``tracker`` as the trainer confirms them, in the form its record keeps, so the
+    live event files equal ``replay(record)``'s.
+
+    ``update(loss, diagnostics, eval_curve)`` after each read of the losses logs what is new and can no longer be cut
+    by a divergence found later: the losses read so far, the diagnostics entries and eval points of the steps before
+    them; ``final=True`` (with the record's cut lists) logs the rest, the last eval point of a step winning as in
+    ``record_scalars``. ``round_value``: how the record stores a number (non-finite -> None).
+    """
+
+    def __init__(self, tracker: Tracker, round_value: Callable[[float], float | None]) -> None:
+        self.tracker, self.round_value = tracker, round_value
+        self.n_loss = self.n_diag = self.n_eval = 0
+
+    def update(
+        self,
+        loss: Sequence[float],
+        diagnostics: Sequence[Mapping[str, Any]],
+        eval_curve: Sequence[tuple[int, float]],
+        final: bool = False,
+    ) -> None:
+        n = len(loss)
+        for step in range(self.n_loss, n):
+            self.tracker.log(step, {"loss/train": self.round_value(loss[step])})
+        self.n_loss = n
+        while self.n_diag < len(diagnostics) and (final or diagnostics[self.n_diag]["step"] < n):
+            entry = diagnostics[self.n_diag]
+            self.tracker.log(int(entry["step"]), diagnostics_scalars(entry))
+            self.n_diag += 1
+        new = list(eval_curve[self.n_eval :])
+        if not final:
+            new = new[: next((i for i, (s, _) in enumerate(new) if s >= n), len(new))]
+        last = {s: i for i, (s, _) in enumerate(new)}  # a step evaluated twice: the later value, as the record reads
+        for i, (step, value) in enumerate(new):
+            if last[step] == i:
+                self.tracker.log(int(step), {"loss/eval": self.round_value(value)})
+        self.n_eval += len(new)
 
 
 def open_tracker(

@@ -6,6 +6,12 @@ the device and are read every ``train.log_every`` steps (one host sync per inter
 per step, so the record is the same as with a read every step. Under ``torchrun`` the same function trains
 with DistributedDataParallel: every rank draws the same global batch from the seeded generator and takes its
 slice, so a DDP run follows the single-process run up to float reduction order.
+
+GPU-sized runs (``train.dtype``, ``compile``, ``grad_accum``): ``Precision`` holds the autocast dtype and, for fp16,
+the ``GradScaler``; ``forward_backward`` feeds one optimizer step's batch as ``grad_accum`` micro-batches;
+``backends_used`` reads which norm and attention backends ran (fused Triton norms and flash-attn on CUDA when they
+can run, chosen by the modules themselves) into the record. With ``tracker``, the curves are logged as the losses
+are read, in the form the record keeps (``lnblocks.study.tracking.CurveLogger``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from lnblocks.study.config import RunConfig, TrainConfig
 from lnblocks.study.data import build_source
 from lnblocks.study.metrics import DivergenceMonitor, lr_at
 from lnblocks.study.records import LMResult, RunRecord
+from lnblocks.study.tracking import CurveLogger, Tracker
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
 
@@ -70,6 +77,77 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     return cls(groups, lr=cfg.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
 
 
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Precision:
+    """``train.dtype`` on one device: ``autocast()`` for forward passes, and for fp16 a ``GradScaler`` (the loss is
+    scaled for backward, the grads unscaled before clipping and diagnostics, and a step with inf/NaN grads skipped)."""
+
+    device_type: str
+    dtype: torch.dtype | None = None
+    scaler: Any = None
+
+    @classmethod
+    def of(cls, name: str, device: torch.device) -> Precision:
+        dtype = _AUTOCAST[name]
+        scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
+        return cls(device.type, dtype, scaler)
+
+    def autocast(self) -> Any:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale_(self, opt: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(opt)
+
+    def step(self, opt: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            opt.step()
+        else:
+            self.scaler.step(opt)
+            self.scaler.update()
+
+
+def forward_backward(model: nn.Module, x: Tensor, y: Tensor, accum: int, precision: Precision) -> Tensor:
+    """Forward and backward passes of one optimizer step's batch ``x``, ``y`` ``(B, T)`` as ``accum`` micro-batches
+    (gradients accumulate; DDP all-reduces on the last one only); returns the batch's mean loss, detached, in fp32.
+    With ``accum == 1`` this is the plain ``loss.backward()``."""
+    total: Tensor | None = None
+    micro = list(zip(x.chunk(accum), y.chunk(accum)))  # accum x ((B / accum, T), (B / accum, T))
+    for i, (xi, yi) in enumerate(micro):
+        last = i == accum - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with precision.autocast():
+                _, loss = model(xi, yi)
+            precision.backward(loss if accum == 1 else loss / accum)
+        value = loss.detach().float()
+        total = value if total is None else total + value
+    assert total is not None
+    return total if accum == 1 else total / accum
+
+
+def backends_used(model: nn.Module) -> dict[str, str]:
+    """The norm and attention backends the latest eager forward of ``model`` ran (``last_backend`` of every norm
+    and attention module; several distinct ones joined with ``+``)."""
+    from lnblocks.blocks.attention import Attention
+    from lnblocks.norms.modules import Norm
+
+    found: dict[str, set[str]] = {"norm_backend": set(), "attention_backend": set()}
+    for m in model.modules():
+        key = "norm_backend" if isinstance(m, Norm) else "attention_backend" if isinstance(m, Attention) else None
+        if key is not None and m.last_backend is not None:
+            found[key].add(m.last_backend)
+    return {k: "+".join(sorted(v)) if v else "none" for k, v in found.items()}
+
+
 def finite_or_none(x: float | None) -> float | None:
     """JSON has no NaN/Inf: a non-finite number is stored as null."""
     return None if x is None or not math.isfinite(x) else float(f"{x:.7g}")
@@ -97,22 +175,29 @@ def _progress(total: int, desc: str, position: int, show: bool) -> Any:
 
 
 def train_run(
-    run: RunConfig, *, dist: DistContext | None = None, show_progress: bool = True, position: int = 0
+    run: RunConfig,
+    *,
+    dist: DistContext | None = None,
+    show_progress: bool = True,
+    position: int = 0,
+    tracker: Tracker | None = None,
 ) -> RunRecord:
-    """Train ``run`` and return its record (``RunRecord`` with an ``LMResult``)."""
+    """Train ``run`` and return its record (``RunRecord`` with an ``LMResult``); ``tracker``: where its curves go
+    while it trains (``lnblocks.study.tracking.open_tracker``)."""
     from lnblocks.models import GPT
 
     dist = dist or DistContext()
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     tc, dc, gc = run.train, run.data, run.diagnostics
     device = resolve_device(tc.device, dist)
-    amp = torch.bfloat16 if tc.amp_dtype == "bfloat16" else None
+    precision = Precision.of(tc.dtype, device)
+    autocast = precision.autocast
 
-    def autocast() -> Any:
-        return torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
-
-    if dc.batch_size % dist.world_size:
-        raise ValueError(f"data.batch_size ({dc.batch_size}) must be divisible by the world size ({dist.world_size})")
+    if dc.batch_size % (dist.world_size * tc.grad_accum):
+        raise ValueError(
+            f"data.batch_size ({dc.batch_size}) must be divisible by the world size ({dist.world_size}) "
+            f"times train.grad_accum ({tc.grad_accum})"
+        )
     source = build_source(dc)
     torch.manual_seed(tc.seed)  # the init
     raw = GPT(run.model.gpt_config(source.vocab_size, dc.seq_len)).to(device)
@@ -128,17 +213,18 @@ def train_run(
         ]
         with autocast():
             init_grad = diag.expected_grad(raw, batches)
-    model: nn.Module = raw
+    model: nn.Module = torch.compile(raw) if tc.compile else raw
     if dist.enabled:
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = build_optimizer(raw, tc)
     eval_curve = [(0, evaluate(raw, eval_set, autocast))]
     monitor = DivergenceMonitor(margin=tc.divergence_margin, patience=tc.divergence_patience)
     losses: list[float] = []  # read from the device every log_every steps
     pending: list[torch.Tensor] = []  # (1,) losses of the steps since the last read, on the device
     records: list[dict[str, Any]] = []
+    curves = CurveLogger(tracker, finite_or_none) if tracker is not None and dist.is_main else None
     per_rank = dc.batch_size // dist.world_size
     lo = dist.rank * per_rank
     show = show_progress and dist.is_main
@@ -153,6 +239,8 @@ def train_run(
                 losses.append(v)
                 if monitor.update(len(losses) - 1, v):
                     return True
+            if curves is not None:
+                curves.update(losses, records, eval_curve)
         return monitor.step is not None
 
     with _progress(tc.steps, run.run_id[:40], position, show) as bar:
@@ -166,20 +254,18 @@ def train_run(
             rec: dict[str, Any] = {"step": step, "lr": lr}
             if logging:
                 rec.update(diag.probe(raw, probe_x, attention=gc.attention, autocast=autocast))
-            with autocast():
-                _, loss = model(x, y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            value = forward_backward(model, x, y, tc.grad_accum, precision)
+            precision.unscale_(opt)
             if logging:
                 rec.update(diag.grad_norms(raw))
                 before = diag.snapshot(raw)
             if tc.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(raw.parameters(), tc.grad_clip)
-            opt.step()
+            precision.step(opt)
             if logging:
                 rec["update_ratio"] = diag.update_ratios(raw, before)
                 records.append(rec)
-            value = loss.detach().float()
             if dist.enabled:
                 torch.distributed.all_reduce(value)
                 value = value / dist.world_size
@@ -207,10 +293,12 @@ def train_run(
         reason = "final eval loss non-finite or above its initial value + margin"
     diverged = monitor.step is not None
     eval_curve.append((len(losses), final_eval))
+    if curves is not None:
+        curves.update(losses, records, eval_curve, final=True)
     window = [v for v in losses[-tc.final_window :] if math.isfinite(v)]
     result = LMResult(
         reference=source.reference,
-        model={"params": raw.num_params(), "attention_backend": raw.blocks[0].attn.config.backend},
+        model={"params": raw.num_params(), **backends_used(raw)},  # what the final (eager) eval ran
         steps_done=len(losses),
         diverged_step=monitor.step,
         diverged_reason=reason,

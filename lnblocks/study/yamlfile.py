@@ -69,6 +69,20 @@ def read_yaml(path: Path) -> Any:
         loader.dispose()
 
 
+def parse_value(text: str, where: str = "value") -> Any:
+    """One YAML value from the command line (``--set key=VALUE``), read as in a study file: ``3``, ``1e-3``, ``true``,
+    ``null``, ``[pre, post]``, ``{name: adam}``, or a plain string; ``StudyFileError`` naming ``where`` if invalid."""
+    yaml = require("yaml")
+    loader = _loader_class()(text)
+    loader.name = where
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise StudyFileError(f"{where}: not a valid YAML value: {' '.join(str(err).split())}") from None
+    finally:
+        loader.dispose()
+
+
 def read_mapping(path: Path, what: str = "a study config") -> dict[str, Any]:
     """``read_yaml`` that insists on a non-empty mapping at the top."""
     raw = read_yaml(path)

@@ -4,6 +4,7 @@ folder never train the same run; records do not depend on the number of workers.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -118,6 +119,8 @@ def test_records_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
     process) and two worker processes give bit-identical records apart from timing, host and pid."""
     cfg = config(tmp_path, steps=30, seeds=3)
     cfg.write_text(cfg.read_text().replace("{every: 0, init_grad_batches: 0}", "{every: 10, init_grad_batches: 1}"))
+    if importlib.util.find_spec("tensorboard") is not None:  # curves too: written live by each worker process
+        cfg.write_text(cfg.read_text() + "tracking: {tensorboard: true}\n")
     for workers in (1, 2):
         assert run_study(cfg, tmp_path / f"w{workers}", workers=workers, show_progress=False, report=False) == 0
     for path in (tmp_path / "w1" / "runs").glob("*.json"):
@@ -125,3 +128,12 @@ def test_records_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
         assert one.env["threads"] == two.env["threads"] == 1
         assert one.deterministic_json() == two.deterministic_json()
         assert json.dumps(one.to_json()["result"]) == json.dumps(two.to_json()["result"])
+        if importlib.util.find_spec("tensorboard") is not None:
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+            curves = []
+            for w in ("w1", "w2"):
+                acc = EventAccumulator(str(tmp_path / w / "tensorboard" / path.stem), size_guidance={"scalars": 0})
+                acc.Reload()
+                curves.append({t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]})
+            assert curves[0] == curves[1] and len(curves[0]["loss/train"]) == 30

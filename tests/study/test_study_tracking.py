@@ -170,3 +170,40 @@ def test_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t.close()
     assert summary["loss/train"] == 2.0 and summary["lr"] == 0.2 and t.skipped == {"loss/train": 1}
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+class Recorder(Tracker):
+    """Keeps every ``log`` call in order (what a live tracker is handed, and when)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int, dict]] = []
+
+    def log(self, step: int, scalars: dict) -> None:
+        self.calls.append((step, dict(scalars)))
+
+
+@pytest.mark.parametrize(
+    "train",
+    [
+        {"steps": 12, "lr": 3e-3, "eval_every": 4, "log_every": 5},
+        # diverges at a step the trainer notices only at its next read: nothing after it may have been logged
+        {"steps": 30, "lr": 1.0, "eval_every": 3, "log_every": 7, "divergence_margin": 0.01, "divergence_patience": 1},
+    ],
+    ids=["finished", "diverged"],
+)
+def test_live_curves_are_logged_as_losses_are_read_and_equal_replay(tmp_path: Path, train: dict) -> None:
+    cfg = RunConfig.from_dict({**RUN, "train": train, "diagnostics": {**RUN["diagnostics"], "every": 2}})
+    with TensorBoardTracker.open(tmp_path / "live", cfg.run_id) as live:
+        rec = train_run(cfg, show_progress=False, tracker=live)
+    assert rec.status == ("finished" if train["lr"] < 1 else "diverged")
+    replayed = replay(rec, tmp_path / "replay").log_dir
+    assert read_scalars(live.log_dir) == read_scalars(replayed)
+    assert live.skipped == replay(rec, tmp_path / "again").skipped
+
+    recorder = Recorder()
+    assert train_run(cfg, show_progress=False, tracker=recorder).deterministic_json() == rec.deterministic_json()
+    order = [(step, "loss/train" in s) for step, s in recorder.calls]
+    # live: the first read (after log_every steps) logs those losses before any later diagnostics entry
+    first_diag = next(i for i, (_, is_loss) in enumerate(order) if not is_loss)
+    assert [step for step, _ in order[:first_diag]] == list(range(min(train["log_every"], rec.result.steps_done)))

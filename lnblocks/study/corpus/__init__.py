@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (numpy is checked before the submodules that import it)
 """The user's own corpus for studies: nanoGPT-format token files read through ``numpy.memmap``, or local text files
 and ``datasets`` datasets tokenized once (local HF tokenizer or bytes) into that format in a cache folder.
 
@@ -6,6 +7,9 @@ sources), ``prepare(cfg)`` tokenizes/checks it and returns a ``CorpusSummary`` (
 losses), ``open_corpus(cfg, seq_len=..., batch_size=...)`` gives the ``TokenFileSource`` a run trains on.
 """
 
+from lnblocks._optional import require
+
+require("numpy")  # first, so that a plain install (no study extra) is told which extra to install
 from lnblocks.study.corpus.config import CORPUS_SOURCES, CorpusConfig, default_cache_dir
 from lnblocks.study.corpus.prepare import CORPUS_FORMAT, CorpusSummary, open_corpus, prepare
 from lnblocks.study.corpus.tokenizer import TextTokenizer

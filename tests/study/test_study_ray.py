@@ -1,0 +1,146 @@
+"""The Ray executor on a local Ray instance with 2 CPUs (issue 12, item 3), shared by the tests of this module:
+records equal to the local executor's apart from timing and host fields (TensorBoard curves too: replayed from the
+records as they arrive vs logged live), a worker process killed mid-run is retried by Ray and the run finishes, a
+run that raised is recorded as failed, resources the cluster lacks are refused at once, and Ctrl-C cancels."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lnblocks.study import load_study, read_record, run_study, train_run
+from lnblocks.study.ray_executor import TASK_PREFIX
+
+pytest.importorskip("ray")
+pytest.importorskip("tensorboard")
+import ray
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+TINY = (
+    "data: {source: markov, vocab_size: 8, seq_len: 8, batch_size: 4, eval_batches: 1}\n"
+    "model: {dim: 16, n_heads: 2, depth: 1}\n"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(TINY + text)
+    return path
+
+
+def running_tasks() -> dict[int, str]:
+    """Pid -> process title of the Ray workers training a run now (Ray titles them ``ray::<task name>``)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if title.startswith(f"ray::{TASK_PREFIX}"):
+            out[int(entry.name)] = title
+    return out
+
+
+def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_ray_records_and_curves_equal_the_local_executors(tmp_path: Path) -> None:
+    cfg = config(
+        tmp_path,
+        "train: {steps: 30, eval_every: 10}\ndiagnostics: {every: 10, init_grad_batches: 1, probe_batch_size: 2}\n"
+        "tracking: {tensorboard: true}\ngrid: {train.seed: [0, 1, 2]}\n",
+    )
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert run_study(cfg, local, show_progress=False, report=False) == 0
+    t0 = time.perf_counter()
+    assert run_study(cfg, remote, show_progress=False, report=False, executor="ray") == 0
+    ray_s = time.perf_counter() - t0
+    ids = [r.run_id for r in load_study(cfg).runs()]
+    for run_id in ids:
+        a, b = read_record(local / "runs" / f"{run_id}.json"), read_record(remote / "runs" / f"{run_id}.json")
+        assert a.deterministic_json() == b.deterministic_json()  # bit-identical apart from time, host and pid
+        assert b.env["threads"] == 1
+        live, replayed = scalars(local / "tensorboard" / run_id), scalars(remote / "tensorboard" / run_id)
+        assert live == replayed and len(live["loss/train"]) == 30 and len(live["loss/eval"]) == 4
+    # resume: every run has its record, nothing is submitted again
+    t0 = time.perf_counter()
+    assert run_study(cfg, remote, show_progress=False, report=False, executor="ray") == 0
+    assert time.perf_counter() - t0 < ray_s
+
+
+def test_a_killed_worker_is_retried_and_the_run_finishes(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "train: {steps: 600}\ndiagnostics: {every: 0, init_grad_batches: 0}\n")
+    killed: list[int] = []
+
+    def kill_once() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            tasks = running_tasks()
+            if tasks:
+                time.sleep(0.5)  # let it train for a while
+                pid = next(iter(tasks))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_once, daemon=True)
+    killer.start()
+    assert run_study(cfg, tmp_path / "out", show_progress=False, report=False, executor="ray") == 0
+    killer.join(timeout=5)
+    assert killed, "no Ray task was seen training"
+    (run,) = load_study(cfg).runs()
+    rec = read_record(tmp_path / "out" / "runs" / f"{run.run_id}.json")
+    assert rec.status == "finished" and rec.result.steps_done == 600
+    assert rec.env["pid"] != killed[0]  # trained again, by another worker process
+    assert rec.deterministic_json() == train_run(run, show_progress=False).deterministic_json()
+
+
+def test_a_run_that_raised_is_recorded_as_failed_and_bad_resources_are_refused(tmp_path: Path, capsys) -> None:
+    cfg = config(tmp_path, "train: {steps: 2, device: cuda}\ngrid: {train.seed: [0]}\n")  # no CUDA here
+    assert run_study(cfg, tmp_path / "out", show_progress=False, report=False, executor="ray") == 1
+    err = capsys.readouterr().err
+    assert "failed: ValueError: train.device is 'cuda' but no CUDA device is available" in err
+    assert not list((tmp_path / "out" / "runs").glob("*.json")) and not list((tmp_path / "out" / "runs").glob("*.lock"))
+
+    gpu = config(tmp_path, "train: {steps: 2}\nresources: {gpus_per_run: 1}\n")
+    with pytest.raises(
+        ValueError, match=r"asks the Ray cluster for 1 CPU\(s\) and 1 GPU\(s\).*has 2 CPU\(s\) and 0 GPU"
+    ):
+        run_study(gpu, tmp_path / "gpu", show_progress=False, report=False, executor="ray")
+
+
+def test_ctrl_c_cancels_the_runs_in_flight(tmp_path: Path) -> None:
+    cfg = config(
+        tmp_path, "train: {steps: 100000}\ndiagnostics: {every: 0, init_grad_batches: 0}\ngrid: {train.seed: [0, 1]}\n"
+    )
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not running_tasks():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_study(cfg, tmp_path / "out", show_progress=False, report=False, executor="ray")
+    deadline = time.monotonic() + 30
+    while running_tasks() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running_tasks()  # the tasks were cancelled, their processes ended
+    runs = tmp_path / "out" / "runs"
+    assert not list(runs.glob("*.json")) and not list(runs.glob("*.lock"))
