@@ -24,7 +24,7 @@
 # transformers, pytest-xdist, einops, pyyaml, tqdm and matplotlib are used as they are.
 #
 # --smoke runs the whole script on CPU in CI-size time (tiny shapes, kernels in Triton's interpreter, a few tests),
-# so it cannot rot; tests/kernels/test_gpu_check_smoke.py runs it.
+# so it cannot rot; tests/test_gpu_check_smoke.py runs it.
 set -uo pipefail
 SMOKE=0
 if [ "${1:-}" = "--smoke" ]; then SMOKE=1; shift; fi

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import DTYPES, check_against_references, make_case
 
 from lnblocks.kernels.heuristics import MAX_BWD_BLOCK, MAX_FWD_BLOCK
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
+from tests.kernels.kernel_helpers import DTYPES, check_against_references, make_case
 
 # 1-element rows, primes, a power of two, above 4096, and one row wider than a register block (the looped path).
 ABOVE_BLOCK = max(MAX_FWD_BLOCK, MAX_BWD_BLOCK) + 1

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_helpers import DEVICE
 from torch import nn
 
 from lnblocks.kernels import ops
@@ -20,6 +19,7 @@ from lnblocks.kernels.functional import fused_add_norm
 from lnblocks.kernels.plan import make_plan
 from lnblocks.norms import build_norm
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
+from tests.kernels.kernel_helpers import DEVICE
 
 N = 32
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import DEVICE
 
 import lnblocks
 from lnblocks.kernels.dropout import dropout_mask
 from lnblocks.kernels.functional import fused_add_norm
 from lnblocks.norms import functional as LF
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
+from tests.kernels.kernel_helpers import DEVICE
 
 PRESETS = ["layernorm", "rmsnorm", "llama", "gemma", "t5"]
 

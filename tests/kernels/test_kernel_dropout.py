@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, check_against_references, make_case
 
 from lnblocks.kernels.dropout import dropout_mask
 from lnblocks.kernels.functional import fused_add_norm
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
+from tests.kernels.kernel_helpers import DEVICE, check_against_references, make_case
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 import torch
-from kernel_helpers import DEVICE
 
 from lnblocks.kernels import unavailable_reason
 from lnblocks.kernels.functional import fused_add_norm
 from lnblocks.norms import build_norm
 from lnblocks.norms.spec import DyTSpec, LayerNormSpec, RMSNormSpec
+from tests.kernels.kernel_helpers import DEVICE
 
 X = torch.randn(3, 16, device=DEVICE)
 W = torch.ones(16, device=DEVICE)

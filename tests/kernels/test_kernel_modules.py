@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import ATOL, DEVICE, assert_close_to_fp64
 
 from lnblocks.norms import build_norm
+from tests.kernels.kernel_helpers import ATOL, DEVICE, assert_close_to_fp64
 
 N = 48
 PRESETS = ["layernorm", "rmsnorm", "llama", "gemma", "olmo2", "t5", "bert", "te_layernorm", "te_rmsnorm"]

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import ATOL, DEVICE, DTYPES, Case, check_against_references, make_case, reference, run_kernel
 
 from lnblocks.kernels.functional import fused_add_norm
 from lnblocks.kernels.heuristics import bwd_config, bwd_grid
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec, norm_spec
+from tests.kernels.kernel_helpers import (
+    ATOL,
+    DEVICE,
+    DTYPES,
+    Case,
+    check_against_references,
+    make_case,
+    reference,
+    run_kernel,
+)
 
 N = 64
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_helpers import DEVICE
 from torch import nn
 
 from lnblocks.norms import build_norm
+from tests.kernels.kernel_helpers import DEVICE
 
 N = 32
 

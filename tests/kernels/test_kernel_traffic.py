@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_helpers import DEVICE
 
 from lnblocks.kernels.backward import launch_backward
 from lnblocks.kernels.forward import launch_forward
 from lnblocks.kernels.heuristics import bwd_config, bwd_grid
 from lnblocks.kernels.plan import make_plan
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
+from tests.kernels.kernel_helpers import DEVICE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from traffic import Operands, kernel_bytes, min_bytes
