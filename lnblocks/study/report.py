@@ -11,15 +11,17 @@ import csv
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lnblocks.study.analysis import grouped, run_row, sensitivity_table, warmup_table
 from lnblocks.study.config import AnalysisConfig
-from lnblocks.study.findings import Claim, claims_table, study_claims
 from lnblocks.study.init_profile import InitProfile, study_profiles
 from lnblocks.study.metrics import lr_label, mean
 from lnblocks.study.records import RecordError, RunRecord, read_json, read_record, write_json_atomic
 from lnblocks.study.tasks import get_task
+
+if TYPE_CHECKING:
+    from lnblocks.study.findings import Claim
 
 MARK = {"trained": "", "stuck": " ✗", "diverged": " †"}
 
@@ -179,6 +181,8 @@ def render_markdown(
         "",
     ]
     if findings:
+        from lnblocks.study.findings import claims_table
+
         lines += [*claims_table(findings), ""]
         for f in findings:
             lines += [f"- **{f.id} {f.title}: {f.status}.** {f.text}", ""]
@@ -272,6 +276,11 @@ def build_lm_report(
     analysis = AnalysisConfig.from_dict(manifest.get("analysis"), key="analysis")
     rows = [run_row(r, analysis) for r in records]
     write_summary_csv(rows, out / "summary.csv")
+    from lnblocks._optional import require
+
+    require("numpy")  # the statistics behind the findings
+    from lnblocks.study.findings import study_claims
+
     profiles = study_profiles(out, records, analysis.init_profile, show_progress=echo)
     findings = study_claims(rows, profiles)
     made = []

@@ -66,7 +66,8 @@ class Claim:
             est = {"value": e.value, "low": e.low, "high": e.high, "n": e.n, "label": e.label, "successes": e.successes}
         return {
             "id": self.id, "title": f"{self.id} {self.title}", "paper": self.paper, "status": self.status.lower(),
-            "text": self.text, "estimate": est, "rule": None if v is None else v.claim,
+            "text": self.text, "estimate": est, "estimate_text": self.estimate, "settle": self.settle(),
+            "rule": None if v is None else v.claim,
             "seeds_needed": None if v is None else v.seeds_needed, "scale": self.scale,
         }  # fmt: skip
 
