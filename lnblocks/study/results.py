@@ -41,9 +41,13 @@ def export(out_dir: str | Path, dest: str | Path) -> Path:
     if not (out / "summary.csv").is_file():
         raise FileNotFoundError(f"{out / 'summary.csv'} not found: build the report first (lnblocks study report)")
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("summary.csv", "report.md", "findings.json"):
+    for name in ("summary.csv", "findings.json"):
         if (out / name).is_file():
             shutil.copyfile(out / name, dest / name)
+    if (out / "report.md").is_file():  # without the plots, which stay in the study folder
+        lines = [line for line in (out / "report.md").read_text().splitlines() if not line.startswith("![")]
+        text = "\n".join(lines).replace("## Plots\n", "## Plots\n\nIn the study folder (`plots/`), not committed.")
+        (dest / "report.md").write_text(text + "\n")
     profiles = []
     if (out / CACHE_FILE).is_file():
         for e in read_json(out / CACHE_FILE, "init profile cache")["entries"]:
