@@ -166,16 +166,20 @@ def wortsman_rows(growth: float = 0.8, fail_at: float = 0.1, noise: float = 0.1,
 
 def test_wortsman_clear_effects_reproduce() -> None:
     c = by_id(wortsman_claims(wortsman_rows()))
-    assert {k: v.outcome for k, v in c.items()} == {"W1": R, "W1b": R, "W2a": R, "W2b": R, "W3": R, "W4": R}
+    assert {k: v.outcome for k, v in c.items()} == {
+        "W1": R, "W1b": R, "W2a": R, "W2b": R, "W3a": R, "W3b": R, "W4": R
+    }  # fmt: skip
     assert c["W1"].verdict.estimate.value == pytest.approx(0.8, abs=0.1) and c["W1"].verdict.estimate.n == 9
-    assert c["W3"].verdict.estimate.value == pytest.approx(3 - 0.05, abs=0.1)
+    assert c["W3a"].verdict.estimate.value == pytest.approx(3 - 0.05, abs=0.1)
+    assert c["W3b"].verdict.estimate.value == pytest.approx(0.05, abs=0.05)
 
 
 def test_wortsman_null_effects() -> None:
     c = by_id(wortsman_claims(wortsman_rows(growth=0.0, fail_at=10.0, logz=0.05)))
     assert c["W1"].outcome is U and c["W2a"].outcome is U  # no growth, with or without qk-norm
     assert c["W1b"].outcome is N  # 0/9 units fail at the top of the grid
-    assert c["W3"].outcome is U  # |log Z| the same with and without z-loss
+    assert c["W3a"].outcome is U  # |log Z| the same with and without z-loss
+    assert c["W3b"].outcome is R  # and near 0 in both
 
 
 def test_wortsman_needs_a_qk_pair_and_an_lr_grid() -> None:

@@ -80,7 +80,8 @@ def judged(cid: str, title: str, paper: str, est: Estimate | None, claim: str, t
            scale: str = "", none_why: str = "no unit of the grid tells the arms apart") -> Claim:  # fmt: skip
     """A claim with ``verdict(est, claim, threshold)``, or not tested (``none_why``) when there is no estimate."""
     if est is None:
-        return Claim(cid, title, paper, None, f"{text} Not tested: {none_why}.", scale)
+        return Claim(cid, title, paper, None, f"{text} Not tested: {none_why}.".strip(), scale)
+    text = text.rstrip()
     c = Claim(cid, title, paper, verdict(est, claim, threshold), text, scale)
     settle = f"; would settle it: {c.settle()}" if c.settle() else ""
     return dataclasses.replace(c, text=f"{text} Verdict: {c.status} ({c.verdict.claim}){settle}.")
