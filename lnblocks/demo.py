@@ -33,9 +33,11 @@ def main(out_dir: str | Path = OUT, workers: int | None = None) -> int:
     if findings.is_file():
         import json
 
-        print("\nFindings:")
+        print("\nFindings (estimate [95% interval]; every number and rule: report.md):")
         for f in json.loads(findings.read_text()):
-            print(
-                textwrap.fill(f"- {f['title']}: {f['status'].upper()}. {f['text']}", width=116, subsequent_indent="  ")
-            )
+            line = f"- {f['title']}: {f['status'].upper()}"
+            line += f" -- {f['estimate_text']}" if f.get("estimate_text") else ""
+            line += f"; would settle it: {f['settle']}" if f.get("settle") else ""
+            print(textwrap.fill(line, width=116, subsequent_indent="  "))
+        print(f"report: {Path(out_dir) / 'report.md'}")
     return code

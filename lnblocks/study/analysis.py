@@ -1,17 +1,18 @@
-"""The study's analyses over run records: one flat row per run, Xiong et al. 2020's gradient profile by layer,
-loss against learning rate with Wortsman et al. 2023's LR sensitivity, warmup sensitivity, and the Pre-LN vs
-Post-LN findings each checked against its numbers."""
+"""The study's analyses over run records: one flat row per run (``summary.csv``, which ``read_summary`` reads back
+with its types), Xiong et al. 2020's gradient profile by layer, loss against learning rate with Wortsman et al.
+2023's LR sensitivity, and warmup sensitivity. The published claims checked on these rows are in
+``lnblocks.study.findings``."""
 
 from __future__ import annotations
 
-import itertools
+import csv
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lnblocks.study.config import AnalysisConfig
-from lnblocks.study.metrics import capped, classify, log_slope, lr_label, lr_sensitivity, max_stable_lr, mean
+from lnblocks.study.metrics import capped, classify, lr_sensitivity, max_stable_lr, mean
 from lnblocks.study.records import RunRecord
 
 SWEEP_AXES = {"model.depth": "depth", "train.lr": "lr", "train.warmup": "warmup", "train.seed": "seed"}
@@ -35,6 +36,25 @@ def _last(values: list[float | None] | None) -> float | None:
 def _top(values: list[float | None] | None) -> float | None:
     finite = [v for v in values or [] if v is not None]
     return max(finite) if finite else None
+
+
+def _log_layer_slope(values: list[float | None] | None) -> float | None:
+    """Least-squares slope of log(value) on the layer index (None unless every value is positive)."""
+    if not values or len(values) < 2 or any(v is None or v <= 0 for v in values):
+        return None
+    xs = range(len(values))
+    mx, ys = (len(values) - 1) / 2, [math.log(v) for v in values]  # type: ignore[arg-type]
+    my = sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def _deep_half_ablation(ablation: dict[str, Any] | None) -> float | None:
+    """Mean eval-loss increase when one of the deeper half of the blocks (index >= L // 2) is skipped."""
+    if not ablation or ablation.get("base") is None:
+        return None
+    skip = ablation["skip"]
+    deep = [v - ablation["base"] for v in skip[len(skip) // 2 :] if v is not None]
+    return sum(deep) / len(deep) if deep and len(deep) == len(skip) - len(skip) // 2 else None
 
 
 def run_row(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
@@ -77,6 +97,13 @@ def run_row(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
         "final_grad_norm_total": last.get("grad_norm_total"),
         "final_attn_max_logit": _top(last.get("attn_max_logit")),
         "final_max_output_logit": last.get("max_output_logit"),
+        "final_log_z": last.get("log_z"),
+        "final_gradW2_slope": _log_layer_slope((last.get("grad_norm") or {}).get("W_2")),
+        "ablation_deep_half": _deep_half_ablation(getattr(rec.result, "layer_ablation", None)),
+        "qk_norm": cfg["model"].get("qk_norm") is not None,
+        "z_loss": cfg["train"].get("z_loss", 0.0),
+        "rezero": bool(cfg["model"].get("rezero", False)),
+        "depth_scaled_norm": bool(cfg["model"].get("depth_scaled_norm", False)),
         "wall_s": rec.time["wall_s"],
         "cpu_s": rec.time["cpu_s"],
         "step_ms": rec.time["step_ms"],
@@ -191,114 +218,28 @@ def warmup_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One claim of the literature, checked on this study's runs: ``status`` is ``"reproduced"``,
-    ``"did not reproduce"`` or ``"not tested"`` (the grid lacks what the claim needs); ``text`` has the numbers."""
-
-    title: str
-    status: str
-    text: str
+TEXT_COLUMNS = ("id", "arch", "placement", "norm", "schedule", "status", "outcome")
+BOOL_COLUMNS = ("qk_norm", "rezero", "depth_scaled_norm")
 
 
-def _fmt_runs(runs: list[dict[str, Any]]) -> str:
-    losses = ", ".join("div" if r["final_loss"] is None else f"{r['final_loss']:.2f}" for r in runs)
-    return f"{losses} ({sum(r['outcome'] == 'trained' for r in runs)}/{len(runs)} trained)"
-
-
-def _verdict(ok: bool) -> str:
-    return "reproduced" if ok else "did not reproduce"
-
-
-def xiong_findings(rows: list[dict[str, Any]], records: list[RunRecord], analysis: AnalysisConfig) -> list[Finding]:
-    """The Pre-LN vs Post-LN claims of Xiong et al. 2020 and the CPU pilot (docs/study-protocol.md)."""
-    archs = {r["arch"] for r in rows}
-    if not {"pre", "post"} <= archs:
-        return [Finding("Pre-LN vs Post-LN", "not tested", "the grid has no 'pre' and 'post' arms to compare")]
-    depths = sorted({r["depth"] for r in rows if r["arch"] in ("pre", "post")})
-    groups = grouped([r for r in rows if r["arch"] in ("pre", "post")])
-    plateau = mean([r["unigram_loss"] for r in rows])
+def read_summary(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a ``summary.csv`` with the types ``run_row`` gave them: text columns as text, flags as bools,
+    numbers as int or float, empty cells as None (so findings can be recomputed from a committed summary)."""
     out = []
-
-    prof = gradient_profile(records)
-    post = [(d, prof[("post", d)]) for d in depths if ("post", d) in prof]
-    pre = [(d, prof[("pre", d)]) for d in depths if ("pre", d) in prof]
-    if post and pre:
-        post_r = [p["ratio"] for _, p in post]
-        ok = (
-            all(b > a for a, b in itertools.pairwise(post_r)) and post_r[-1] > 1 and all(p["ratio"] < 1 for _, p in pre)
-        )
-        slope = log_slope([d for d, _ in pre], [p["last"] for _, p in pre])
-        text = (
-            "Expected-gradient norm of the MLP output matrix W_2 at init, last layer / first layer. Post-LN: "
-            + ", ".join(f"{p['ratio']:.2f} (L={d})" for d, p in post)
-            + "; Pre-LN: "
-            + ", ".join(f"{p['ratio']:.2f} (L={d})" for d, p in pre)
-            + ". Claim: Post-LN's gradient grows toward the output, more with depth (ratio rising, > 1 at the deepest"
-            " model); Pre-LN's does not (ratio < 1). Pre-LN last-layer norm against depth: "
-            + ", ".join(f"{p['last']:.3f}" for _, p in pre)
-            + (f" (log-log slope {slope:.2f}; Theorem 1 bounds it by O(1/sqrt L))" if math.isfinite(slope) else "")
-            + "."
-        )
-        out.append(Finding("Gradient profile at init (Xiong et al. Fig. 3)", _verdict(ok), text))
-
-    deep, shallow = depths[-1], depths[0]
-    stuck_post = groups.get(("post", deep, 0))
-    pre_deep = groups.get(("pre", deep, 0))
-    if stuck_post and pre_deep:
-        post_runs = [r for runs in stuck_post.values() for r in runs]
-        pre_runs = [r for runs in pre_deep.values() for r in runs]
-        ok = all(r["outcome"] != "trained" for r in post_runs) and all(r["outcome"] == "trained" for r in pre_runs)
-        text = (
-            f"Depth {deep}, no warmup, final {analysis.final_loss} loss per LR over seeds (context-free plateau = "
-            f"unigram loss {plateau:.2f}; uniform ln V = {rows[0]['uniform_loss']:.2f}). Post-LN: "
-            + "; ".join(f"lr {lr_label(lr)}: {_fmt_runs(rs)}" for lr, rs in stuck_post.items())
-            + ". Pre-LN: "
-            + "; ".join(f"lr {lr_label(lr)}: {_fmt_runs(rs)}" for lr, rs in pre_deep.items())
-            + f". Claim: Post-LN stays at the plateau (within {analysis.stuck_margin} nats) at every LR; Pre-LN trains"
-            " at every LR."
-        )
-        out.append(Finding(f"Deep Post-LN without warmup does not train (L={deep})", _verdict(ok), text))
-
-    warm = sorted(w for (a, d, w) in groups if a == "post" and d == deep and w > 0)
-    if warm and stuck_post and len(stuck_post) > 1:
-        by_lr = groups[("post", deep, warm[-1])]
-        lrs = sorted(by_lr)
-        ok = all(r["outcome"] == "trained" for r in by_lr[lrs[0]]) and all(
-            r["outcome"] != "trained" for lr in lrs[1:] for r in by_lr[lr]
-        )
-        text = (
-            f"Depth {deep}, Post-LN with {warm[-1]} warmup steps: "
-            + "; ".join(f"lr {lr_label(lr)}: {_fmt_runs(rs)}" for lr, rs in by_lr.items())
-            + ". Claim (pilot: a 60-step warmup rescued 1e-3, not 3e-3): warmup rescues the smallest LR only."
-        )
-        out.append(Finding("Warmup rescues deep Post-LN at the smallest LR only", _verdict(ok), text))
-
-    if shallow != deep:
-        shallow_runs = {
-            a: [r for (aa, d, _), g in groups.items() if aa == a and d == shallow for rs in g.values() for r in rs]
-            for a in ("pre", "post")
-        }
-        ok = all(r["outcome"] == "trained" for rs in shallow_runs.values() for r in rs)
-        text = (
-            f"Depth {shallow}, every LR and warmup: "
-            + "; ".join(f"{a}-LN: {_fmt_runs(rs)}" for a, rs in shallow_runs.items())
-            + ". Claim: both placements train."
-        )
-        out.append(Finding(f"Shallow models train with either placement (L={shallow})", _verdict(ok), text))
-
-    sens = {(t["arch"], t["depth"]): t for t in sensitivity_table(rows, analysis) if t["warmup"] == 0}
-    gaps = [(d, sens[("post", d)], sens[("pre", d)]) for d in depths if ("post", d) in sens and ("pre", d) in sens]
-    if len(gaps) > 1 and len(next(iter(groups.values()))) > 1:
-        diff = [p["excess_over_depth_best"] - q["excess_over_depth_best"] for _, p, q in gaps]
-        ok = all(b >= a - 1e-9 for a, b in itertools.pairwise(diff)) and diff[-1] > diff[0]
-        text = (
-            "No warmup; expected excess loss over the LR grid relative to the best run at that depth, Post minus "
-            "Pre: " + ", ".join(f"{g:+.2f} (L={d})" for (d, _, _), g in zip(gaps, diff)) + ". Wortsman LR "
-            "sensitivity (own best as l*) Post / Pre: "
-            + ", ".join(f"{p['lr_sensitivity']:.2f} / {q['lr_sensitivity']:.2f} (L={d})" for d, p, q in gaps)
-            + ". Claim: the Post-LN penalty grows with depth (pilot: about 0.00, 0.20, 0.75 at L = 3, 6, 12). "
-            "Wortsman's metric alone reads ~0 for a Post-LN arm that fails at every LR (its l* is the plateau)."
-        )
-        out.append(Finding("Post-LN's LR sensitivity grows with depth", _verdict(ok), text))
+    with open(path, newline="") as f:
+        for raw in csv.DictReader(f):
+            row: dict[str, Any] = {}
+            for k, v in raw.items():
+                if k in TEXT_COLUMNS:
+                    row[k] = v
+                elif k in BOOL_COLUMNS:
+                    row[k] = v == "True"
+                elif v == "":
+                    row[k] = None
+                else:
+                    try:
+                        row[k] = int(v)
+                    except ValueError:
+                        row[k] = float(v)
+            out.append(row)
     return out

@@ -143,7 +143,12 @@ class DataConfig(_CorpusFields):  # type: ignore[misc, valid-type]
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig(Config):
     """AdamW (Loshchilov & Hutter 2019; ``weight_decay: 0`` is Adam), Adam, or SGD with momentum.
-    Defaults: Xiong et al. 2020's Adam betas (0.9, 0.98), eps 1e-8, no weight decay."""
+    Defaults: Xiong et al. 2020's Adam betas (0.9, 0.98), eps 1e-8, no weight decay.
+
+    ``independent_wd`` (AdamW only): the decay per step is ``weight_decay`` times the schedule's factor
+    ``lr_t / lr`` (``weight_decay`` itself after warmup at a constant LR), not ``lr_t * weight_decay`` as in
+    torch's AdamW: "independent" weight decay, which does not change when the LR does (Wortsman et al. 2023,
+    arXiv 2309.14322, sec. 3.2.2; Loshchilov & Hutter's original form)."""
 
     name: str = "adamw"
     beta1: float = 0.9
@@ -151,9 +156,15 @@ class OptimizerConfig(Config):
     eps: float = 1e-8
     weight_decay: float = 0.0
     momentum: float = 0.9
+    independent_wd: bool = False
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, OPTIMIZERS)
+        check_bool("independent_wd", self.independent_wd)
+        if self.independent_wd and self.name != "adamw":
+            raise ConfigValueError(
+                "independent_wd", f"needs name 'adamw' (decoupled weight decay), got name {self.name!r}"
+            )
         for name in ("beta1", "beta2", "momentum"):
             self._set(name, check_float(name, getattr(self, name), lo=0, hi=1))
         self._set("eps", check_float("eps", self.eps, lo=0, lo_open=True))
@@ -179,6 +190,9 @@ class TrainConfig(Config):
     ``torch.compile`` (diagnostics and eval run the eager model); ``grad_accum``: each optimizer step's batch
     (``data.batch_size``, drawn at once as without accumulation) is fed as that many micro-batches, so it changes
     memory, not the data or the maths (up to float summation order).
+    ``z_loss``: add ``z_loss * mean(log(Z)^2)`` to the training loss, ``Z`` the softmax normaliser of the output
+    logits (PaLM, Chowdhery et al. 2022, arXiv 2204.02311, uses 1e-4; Wortsman et al. 2023); 0 is off. The logged
+    losses stay the plain cross-entropy.
     """
 
     steps: int = 300
@@ -200,12 +214,14 @@ class TrainConfig(Config):
     compile: bool = False
     grad_accum: int = 1
     amp_dtype: str | None = None
+    z_loss: float = 0.0
 
     ALIASES: ClassVar[tuple[str, ...]] = ("amp_dtype",)
 
     def __post_init__(self) -> None:
         self._nested("optimizer", OptimizerConfig)
         self._resolve_amp_dtype()
+        self._set("z_loss", check_float("z_loss", self.z_loss, lo=0))
         check_choice("dtype", self.dtype, DTYPES)
         check_bool("compile", self.compile)
         for name in ("steps", "final_window", "divergence_patience", "log_every", "threads", "grad_accum"):
@@ -252,8 +268,10 @@ class DiagnosticsConfig(Config):
     init_grad_batches: int = 4
     attention: bool = True
     probe_batch_size: int = 8
+    layer_ablation: bool = False
 
     def __post_init__(self) -> None:
+        check_bool("layer_ablation", self.layer_ablation)
         self._set("every", check_int("every", self.every, minimum=0))
         self._set("init_grad_batches", check_int("init_grad_batches", self.init_grad_batches, minimum=0))
         self._set("probe_batch_size", check_int("probe_batch_size", self.probe_batch_size))
@@ -261,6 +279,23 @@ class DiagnosticsConfig(Config):
 
 
 FINAL_LOSSES = ("eval", "train")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitProfileConfig(Config):
+    """Xiong et al. 2020's gradient profile at init, measured without training for the report (costs no run):
+    for every (arm, depth) of the study, ``seeds`` fresh inits (``train.seed`` = ``first_seed`` ...
+    ``first_seed + seeds - 1``), each with the expected gradient over ``batches`` batches. ``seeds: 0`` uses the
+    runs' own ``init_grad`` instead (one init per training seed)."""
+
+    seeds: int = 16
+    batches: int = 8
+    first_seed: int = 0
+
+    def __post_init__(self) -> None:
+        self._set("seeds", check_int("seeds", self.seeds, minimum=0))
+        self._set("batches", check_int("batches", self.batches))
+        self._set("first_seed", check_seed("first_seed", self.first_seed))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,13 +307,16 @@ class AnalysisConfig(Config):
     learnt byte frequencies and nothing else; docs/study-protocol.md); *trained* otherwise. ``final_loss``: the
     held-out ``"eval"`` loss or the ``"train"`` loss averaged over the last ``train.final_window`` steps.
     ``stable_tol``: the max stable LR is the largest LR whose loss is within this of the best loss at that depth.
+    ``init_profile``: how the gradient profile at init is measured for the findings (``InitProfileConfig``).
     """
 
     stuck_margin: float = 0.3
     stable_tol: float = 0.1
     final_loss: str = "eval"
+    init_profile: InitProfileConfig = field(default_factory=InitProfileConfig)
 
     def __post_init__(self) -> None:
+        self._nested("init_profile", InitProfileConfig)
         self._set("stuck_margin", check_float("stuck_margin", self.stuck_margin, lo=0, lo_open=True))
         self._set("stable_tol", check_float("stable_tol", self.stable_tol, lo=0, lo_open=True))
         check_choice("final_loss", self.final_loss, FINAL_LOSSES)

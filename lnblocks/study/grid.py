@@ -15,7 +15,15 @@ or a named axis whose values are labelled bundles of overrides (for settings tha
         deepnorm: {model.placement: deepnorm, model.init: deepnet}
         dyt: {model.norm: dyt}
 
-The grid is the product of the axes in file order; overrides apply to the base options before validation. Labels
+The grid is the product of the axes in file order; overrides apply to the base options before validation.
+``extra_grids`` (a list) adds the points of more grids, each the main grid with some axes changed: a named axis by a
+list of its labels (a subset) or by a mapping of bundles, a dotted key by a new list of values; the other axes and
+the axis order (so the labels) stay the main grid's, and points already in the grid are not repeated::
+
+    extra_grids:
+      - {variant: [pre, post], model.depth: [24]}   # depth 24 for two of the variants only
+
+Labels
 are unique per distinct value (a dict value's label names the options that tell it apart). ``extends: base.yaml``
 (or a list) deep-merges the base files first (paths relative to the including file); ``null`` removes a key. A value
 set in a file that an inherited grid axis would override in every run is refused.
@@ -132,6 +140,37 @@ def parse_axis(name: Any, spec: Any, check_key: Callable[[str, str], None]) -> G
     return GridAxis(name, tuple(values))
 
 
+def parse_extra_grids(spec: Any, axes: Sequence[GridAxis], check_key: Callable[[str, str], None]) -> tuple:
+    """``extra_grids``: a list of mappings, each changing some axes of the main grid ``axes`` (see the module
+    docstring). Returns one tuple of axes per extra grid, in the main grid's axis order."""
+    if spec is None:
+        return ()
+    if not isinstance(spec, list):
+        raise ConfigValueError("extra_grids", f"must be a list of grids (mappings of axes), got {spec!r}")
+    main = {a.name: a for a in axes}
+    out = []
+    for i, grid in enumerate(spec):
+        where = f"extra_grids[{i}]"
+        if not isinstance(grid, dict) or not grid:
+            raise ConfigValueError(where, f"must be a non-empty mapping of axes to change, got {grid!r}")
+        changed = {}
+        for name, values in grid.items():
+            if name not in main:
+                raise ConfigValueError(f"{where}.{name}", f"is not an axis of the main grid; its axes: {list(main)}")
+            if "." not in name and isinstance(values, list):  # a subset of a named axis's labels
+                known = dict(main[name].values)
+                missing = [v for v in values if str(v) not in known]
+                if not values or missing:
+                    raise ConfigValueError(
+                        f"{where}.{name}", f"must list labels of the axis {name!r} {list(known)}, got {values!r}"
+                    )
+                changed[name] = GridAxis(name, tuple((str(v), known[str(v)]) for v in values))
+            else:
+                changed[name] = parse_axis(name, values, check_key)
+        out.append(tuple(changed.get(a.name, a) for a in axes))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     """A validated study: the task, the base ``options`` (a plain tree, before validation), the grid ``axes`` and
@@ -147,6 +186,7 @@ class StudyConfig:
     analysis: Config | None = None
     description: str = ""
     source: str = ""
+    extra_grids: tuple[tuple[GridAxis, ...], ...] = ()
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     raw: dict[str, Any] = field(default_factory=dict)  # the merged file (paths resolved): what overrides apply to
@@ -162,13 +202,30 @@ class StudyConfig:
         return self.make_run(copy.deepcopy(self.options), ())
 
     def runs(self) -> list[Any]:
-        """One run config per grid point (product of the axes in file order); duplicates raise ``ValueError``."""
+        """One run config per grid point (product of the axes in file order, then the points of ``extra_grids``
+        not already there); two points of one grid that resolve to the same run raise ``ValueError``."""
         out: list[Any] = []
         seen: dict[str, tuple[tuple[str, str], ...]] = {}
-        for point in itertools.product(*(axis.values for axis in self.axes)):
+        for i, axes in enumerate((self.axes, *self.extra_grids)):
+            before = set(seen)
+            for run in self._grid_runs(axes):
+                if run.hash in before:
+                    continue  # an extra grid's point that an earlier grid has
+                if run.hash in seen:
+                    raise ConfigValueError(
+                        "grid" if i == 0 else f"extra_grids[{i - 1}]",
+                        f"points {dict(seen[run.hash])} and {dict(run.labels)} resolve to the same run",
+                    )
+                seen[run.hash] = run.labels
+                out.append(run)
+        return out
+
+    def _grid_runs(self, axes: tuple[GridAxis, ...]) -> list[Any]:
+        out = []
+        for point in itertools.product(*(axis.values for axis in axes)):
             tree = copy.deepcopy(self.options)
             labels = []
-            for axis, (label, overrides) in zip(self.axes, point):
+            for axis, (label, overrides) in zip(axes, point):
                 labels.append((axis.name, label))
                 for key, value in overrides:
                     set_dotted(tree, key, copy.deepcopy(value))
@@ -181,11 +238,6 @@ class StudyConfig:
                 if isinstance(err, _KeyedError):
                     raise type(err)(f"grid point ({where}): {err.key}", err.detail) from None
                 raise type(err)(f"grid point ({where}): {err}") from None
-            if run.hash in seen:
-                raise ConfigValueError(
-                    "grid", f"points {dict(seen[run.hash])} and {dict(labels)} resolve to the same run"
-                )
-            seen[run.hash] = run.labels
             out.append(run)
         return out
 
@@ -211,8 +263,13 @@ class StudyConfig:
             "analysis": self.analysis.to_dict() if self.analysis is not None else {},
             "tracking": self.tracking.to_dict(),
             "resources": self.resources.to_dict(),
-            "grid": {a.name: [{"label": lab, "overrides": dict(ov)} for lab, ov in a.values] for a in self.axes},
+            "grid": _grid_dict(self.axes),
+            **({"extra_grids": [_grid_dict(g) for g in self.extra_grids]} if self.extra_grids else {}),
         }
+
+
+def _grid_dict(axes: Sequence[GridAxis]) -> dict[str, Any]:
+    return {a.name: [{"label": lab, "overrides": dict(ov)} for lab, ov in a.values] for a in axes}
 
 
 def check_inherited_overrides(merged: MergedFile, axes: Sequence[GridAxis]) -> None:

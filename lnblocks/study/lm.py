@@ -13,11 +13,11 @@ from typing import Any
 from lnblocks.blocks.config import AttentionConfig, MLPConfig
 from lnblocks.config import ConfigTypeError, ConfigValueError
 from lnblocks.study.config import BUILTIN_SOURCES, PATH_KEYS, SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
-from lnblocks.study.grid import StudyConfig, parse_axis
+from lnblocks.study.grid import StudyConfig, parse_axis, parse_extra_grids
 from lnblocks.study.records import RunRecord
 from lnblocks.study.tasks import Task
 
-TOP_LEVEL_KEYS = (*SECTIONS, "analysis", "grid")  # plus the study-wide tracking and resources (grid.py)
+TOP_LEVEL_KEYS = (*SECTIONS, "analysis", "grid", "extra_grids")  # plus the study-wide tracking and resources
 # third-level keys a grid may set: section.field.key
 NESTED_KEYS: dict[tuple[str, str], Any] = {
     ("train", "optimizer"): OptimizerConfig,
@@ -80,6 +80,7 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
         analysis=AnalysisConfig.from_dict(raw.get("analysis"), key="analysis"),
         description=description,
         source=source,
+        extra_grids=parse_extra_grids(raw.get("extra_grids"), axes, check_key),
     )
     study.runs()  # every grid point must validate now, not halfway through a sweep
     return study

@@ -113,6 +113,7 @@ def apply_overrides(
         if key in grid:
             grid[key] = _axis_override(key, grid[key], value)
             resolve_grid_paths(grid, key, Path.cwd(), path_keys)
+            _drop_from_extra_grids(out, key)
             continue
         setters = [axis for axis, spec in grid.items() if any(_related(key, k) for k in _axis_keys(axis, spec))]
         if setters:
@@ -126,6 +127,18 @@ def apply_overrides(
             raise ConfigTypeError(key.split(".")[0], f"must be a mapping to set {key}")
         set_dotted(out, key, value)
     return out
+
+
+def _drop_from_extra_grids(out: dict[str, Any], axis: str) -> None:
+    """An axis given as an override replaces it in the ``extra_grids`` too: drop it there (an extra grid left with
+    no changes is the main grid's own points, so it goes)."""
+    extra = out.get("extra_grids")
+    if not isinstance(extra, list):
+        return
+    kept = [{k: v for k, v in g.items() if k != axis} if isinstance(g, dict) else g for g in extra]
+    out["extra_grids"] = [g for g in kept if g != {}] or None
+    if out["extra_grids"] is None:
+        del out["extra_grids"]
 
 
 def _axis_override(name: str, spec: Any, value: Any) -> Any:

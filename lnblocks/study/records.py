@@ -93,7 +93,8 @@ class LMResult:
     ``loss``: training loss per step; ``eval``: held-out loss ``init``, ``final`` (null when diverged) and
     ``curve`` ``[[step, loss], ...]``; ``reference``: ``uniform`` (ln V), ``unigram`` (the context-free plateau) and,
     for the Markov source, ``floor``; ``diagnostics``: one dict per logged step; ``init_grad``: Xiong et al.'s
-    expected gradient at init (or null); ``diverged_reason``: why a diverged run stopped.
+    expected gradient at init (or null); ``diverged_reason``: why a diverged run stopped; ``layer_ablation``: the
+    final eval loss ``base`` and, per layer, the eval loss with that block skipped (``skip``), or null.
     """
 
     TASK: ClassVar[str] = "lm"
@@ -122,6 +123,7 @@ class LMResult:
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     init_grad: dict[str, Any] | None = None
     diverged_reason: str | None = None
+    layer_ablation: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,21 +11,17 @@ import csv
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lnblocks.study.analysis import (
-    Finding,
-    gradient_profile,
-    grouped,
-    run_row,
-    sensitivity_table,
-    warmup_table,
-    xiong_findings,
-)
+from lnblocks.study.analysis import grouped, run_row, sensitivity_table, warmup_table
 from lnblocks.study.config import AnalysisConfig
+from lnblocks.study.init_profile import InitProfile, study_profiles
 from lnblocks.study.metrics import lr_label, mean
 from lnblocks.study.records import RecordError, RunRecord, read_json, read_record, write_json_atomic
 from lnblocks.study.tasks import get_task
+
+if TYPE_CHECKING:
+    from lnblocks.study.findings import Claim
 
 MARK = {"trained": "", "stuck": " ✗", "diverged": " †"}
 
@@ -119,10 +115,17 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> list[str]
     return lines
 
 
-def _profile_table(records: list[RunRecord]) -> list[str]:
-    lines = ["| arch | depth | ‖∇W_2‖ at init, layer 1 … L | last / first |", "|---|---|---|---|"]
-    for (arch, depth), p in gradient_profile(records).items():
-        lines.append(f"| {arch} | {depth} | {' '.join(f'{v:.3f}' for v in p['layers'])} | {p['ratio']:.2f} |")
+def profile_table(profiles: list[InitProfile]) -> list[str]:
+    """Markdown: per (arm, depth) the mean over seeds of ||grad W_2|| by layer at init and of last / first."""
+    head = "| arch | depth | seeds | ‖∇W_2‖ at init, layer 1 … L (mean over seeds) | last / first |"
+    lines = [head, "|---|---|---|---|---|"]
+    for p in sorted(profiles, key=lambda p: (p.arch, p.depth)):
+        if not p.w2:
+            continue
+        layers = [mean([w[i] for w in p.w2]) for i in range(p.depth)]
+        ratio = mean([w[-1] / w[0] for w in p.w2 if w[0] > 0])
+        profile = " ".join(f"{v:.3f}" for v in layers)
+        lines.append(f"| {p.arch} | {p.depth} | {len(p.seeds)} | {profile} | {ratio:.2f} |")
     return lines
 
 
@@ -139,10 +142,11 @@ def render_markdown(
     manifest: dict[str, Any],
     records: list[RunRecord],
     rows: list[dict[str, Any]],
-    findings: list[Finding],
+    findings: list[Claim],
     plots: list[Path],
     analysis: AnalysisConfig,
     problems: list[str] | None = None,
+    profiles: list[InitProfile] | None = None,
 ) -> str:
     name = manifest.get("name", "study")
     n_div = sum(r["status"] == "diverged" for r in rows)
@@ -170,9 +174,20 @@ def render_markdown(
     lines += [
         "## Findings",
         "",
+        "Each published claim the study's arms can test (docs/study-claims.md), with n, the estimate and its 95% "
+        "interval, and a verdict: REPRODUCED (the interval supports the claim), DID NOT REPRODUCE (it contradicts "
+        "it) or INCONCLUSIVE (it straddles; the table says how many seeds or pooled units would settle it at the "
+        "observed effect).",
+        "",
     ]
-    for f in findings:
-        lines += [f"- **{f.title}: {f.status.upper()}.** {f.text}", ""]
+    if findings:
+        from lnblocks.study.findings import claims_table
+
+        lines += [*claims_table(findings), ""]
+        for f in findings:
+            lines += [f"- **{f.id} {f.title}: {f.status}.** {f.text}", ""]
+    else:
+        lines += ["No published claim applies to this study's arms.", ""]
     lines += [
         "## Final loss against learning rate",
         "",
@@ -226,14 +241,21 @@ def render_markdown(
             ],
         )
         lines.append("")
-    if gradient_profile(records):
+    if profiles:
+        src = profiles[0]
+        how = (
+            f"over {len(src.seeds)} fresh inits per row (seeds {src.seeds[0]}..{src.seeds[-1]}, no training)"
+            if src.source == "init_profile"
+            else "over the runs' own seeds"
+        )
         lines += [
             "## Gradient profile at initialization (Xiong et al. 2020, Fig. 3)",
             "",
-            "Expected gradient: the gradient averaged over a few batches at init, then its Frobenius norm.",
+            f"Expected gradient: the gradient averaged over {src.batches} batches at init, then its Frobenius norm, "
+            f"{how}.",
             "",
         ]
-        lines += [*_profile_table(records), ""]
+        lines += [*profile_table(profiles), ""]
     lines += ["## Plots", ""]
     lines += [*(f"![{p.stem}](plots/{p.name})" for p in plots), ""]
     lines += ["Every number above comes from `summary.csv` and `runs/*.json` (per-step losses, per-layer diagnostics)."]
@@ -254,20 +276,26 @@ def build_lm_report(
     analysis = AnalysisConfig.from_dict(manifest.get("analysis"), key="analysis")
     rows = [run_row(r, analysis) for r in records]
     write_summary_csv(rows, out / "summary.csv")
-    findings = xiong_findings(rows, records, analysis)
+    from lnblocks._optional import require
+
+    require("numpy")  # the statistics behind the findings
+    from lnblocks.study.findings import study_claims
+
+    profiles = study_profiles(out, records, analysis.init_profile, show_progress=echo)
+    findings = study_claims(rows, profiles)
     made = []
     if plots:
         from lnblocks.study.plots import all_plots
 
         made = all_plots(records, rows, out / "plots")
-    text = render_markdown(manifest, records, rows, findings, made, analysis, problems)
+    text = render_markdown(manifest, records, rows, findings, made, analysis, problems, profiles)
     tmp = out / ".report.md.tmp"
     tmp.write_text(text)
     tmp.replace(out / "report.md")
-    write_json_atomic(out / "findings.json", [f.__dict__ for f in findings])
+    write_json_atomic(out / "findings.json", [f.to_dict() for f in findings])
     if echo:
         print("\n".join(lr_table(rows)))
         for f in findings:
-            print(f"- {f.title}: {f.status.upper()}")
+            print(f"- {f.id} {f.title}: {f.status}" + (f" ({f.estimate})" if f.estimate else ""))
         print(f"report: {out / 'report.md'}  summary: {out / 'summary.csv'}  plots: {out / 'plots'}")
     return 0

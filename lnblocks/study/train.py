@@ -70,11 +70,25 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     o = cfg.optimizer
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": decay_coefficient(cfg)}, {"params": rest, "weight_decay": 0.0}]
     if o.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=o.momentum, foreach=True)
     cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
     return cls(groups, lr=cfg.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
+
+
+def decay_coefficient(cfg: TrainConfig) -> float:
+    """The ``weight_decay`` to give torch's AdamW, which decays by ``lr_t * weight_decay`` per step. With
+    ``optimizer.independent_wd`` that is ``weight_decay / lr``, so the decay per step is ``weight_decay * lr_t / lr``:
+    the schedule's factor times ``weight_decay``, independent of the peak LR (Wortsman et al. 2023, sec. 3.2.2)."""
+    o = cfg.optimizer
+    return o.weight_decay / cfg.lr if o.independent_wd else o.weight_decay
+
+
+def z_loss_term(logits: Tensor, coefficient: float) -> Tensor:
+    """``coefficient * mean(log(Z)^2)`` over positions, ``log Z = logsumexp(logits)`` in fp32 (PaLM's auxiliary
+    z-loss, Chowdhery et al. 2022, arXiv 2204.02311): pulls the softmax normaliser towards 1."""
+    return coefficient * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
 
 
 _AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -115,10 +129,13 @@ class Precision:
             self.scaler.update()
 
 
-def forward_backward(model: nn.Module, x: Tensor, y: Tensor, accum: int, precision: Precision) -> Tensor:
+def forward_backward(
+    model: nn.Module, x: Tensor, y: Tensor, accum: int, precision: Precision, z_loss: float = 0.0
+) -> Tensor:
     """Forward and backward passes of one optimizer step's batch ``x``, ``y`` ``(B, T)`` as ``accum`` micro-batches
-    (gradients accumulate; DDP all-reduces on the last one only); returns the batch's mean loss, detached, in fp32.
-    With ``accum == 1`` this is the plain ``loss.backward()``."""
+    (gradients accumulate; DDP all-reduces on the last one only); returns the batch's mean cross-entropy, detached,
+    in fp32 (``z_loss`` > 0 adds ``z_loss_term`` to what is back-propagated, not to what is returned). With
+    ``accum == 1`` and no z-loss this is the plain ``loss.backward()``."""
     total: Tensor | None = None
     micro = list(zip(x.chunk(accum), y.chunk(accum)))  # accum x ((B / accum, T), (B / accum, T))
     for i, (xi, yi) in enumerate(micro):
@@ -126,8 +143,9 @@ def forward_backward(model: nn.Module, x: Tensor, y: Tensor, accum: int, precisi
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
             with precision.autocast():
-                _, loss = model(xi, yi)
-            precision.backward(loss if accum == 1 else loss / accum)
+                logits, loss = model(xi, yi)
+            objective = loss + z_loss_term(logits, z_loss) if z_loss else loss
+            precision.backward(objective if accum == 1 else objective / accum)
         value = loss.detach().float()
         total = value if total is None else total + value
     assert total is not None
@@ -164,6 +182,29 @@ def evaluate(model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: C
     finally:
         model.train(was_training)
     return total / len(batches)
+
+
+class _SkipBlock(nn.Module):
+    """Stands in for a block during ``layer_ablation``: passes the residual stream on unchanged."""
+
+    def forward(self, s: Any, *args: Any) -> Any:
+        return s
+
+
+def layer_ablation(
+    model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any]
+) -> list[float | None]:
+    """The eval loss with block ``l`` skipped (its input passed on as its output), for every ``l``: how much each
+    layer contributes after training (Sun et al. 2025, arXiv 2502.05795: in Pre-LN the deep layers barely do)."""
+    out = []
+    for i in range(len(model.blocks)):
+        block = model.blocks[i]
+        model.blocks[i] = _SkipBlock()
+        try:
+            out.append(finite_or_none(evaluate(model, batches, autocast)))
+        finally:
+            model.blocks[i] = block
+    return out
 
 
 def _progress(total: int, desc: str, position: int, show: bool) -> Any:
@@ -255,7 +296,7 @@ def train_run(
             if logging:
                 rec.update(diag.probe(raw, probe_x, attention=gc.attention, autocast=autocast))
             opt.zero_grad(set_to_none=True)
-            value = forward_backward(model, x, y, tc.grad_accum, precision)
+            value = forward_backward(model, x, y, tc.grad_accum, precision, tc.z_loss)
             precision.unscale_(opt)
             if logging:
                 rec.update(diag.grad_norms(raw))
@@ -280,6 +321,9 @@ def train_run(
                     bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.2g}")
     train_s, train_cpu_s = time.perf_counter() - t_train, time.process_time() - c_train
     final_eval = evaluate(raw, eval_set, autocast)
+    ablation = None
+    if gc.layer_ablation and dist.is_main and monitor.step is None and math.isfinite(final_eval):
+        ablation = {"base": finite_or_none(final_eval), "skip": layer_ablation(raw, eval_set, autocast)}
     reason = None
     if monitor.step is not None:  # cut what ran after the diverging step (it was only noticed at the next read)
         stop = monitor.step
@@ -312,6 +356,7 @@ def train_run(
         loss=[finite_or_none(v) for v in losses],
         diagnostics=records,
         init_grad=init_grad,
+        layer_ablation=ablation,
     )
     return RunRecord(
         id=run.run_id,

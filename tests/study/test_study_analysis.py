@@ -1,11 +1,14 @@
-"""The report's analyses on hand-made run records: every finding is decided by its numbers, both ways."""
+"""The report's analyses on hand-made run records: rows, tables, the summary round trip, and claims from records."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from lnblocks.study.analysis import gradient_profile, run_row, sensitivity_table, warmup_table, xiong_findings
+from lnblocks.study.analysis import gradient_profile, read_summary, run_row, sensitivity_table, warmup_table
 from lnblocks.study.config import AnalysisConfig
+from lnblocks.study.findings import study_claims
 from lnblocks.study.records import LMResult, RunRecord
 
 PLATEAU, INIT = 3.33, 5.8
@@ -68,53 +71,25 @@ def pilot_records(changes: dict | None = None, ratios: dict | None = None) -> li
     ]
 
 
-def findings(records: list[RunRecord]) -> dict[str, str]:
-    rows = [run_row(r, ANALYSIS) for r in records]
-    return {f.title.split(" (")[0]: f.status for f in xiong_findings(rows, records, ANALYSIS)}
+def test_rows_of_the_pilot_table_give_the_threshold_claims() -> None:
+    """From records through ``run_row`` to the claims: the pilot pattern, pooled over its cells."""
+    rows = [run_row(r, ANALYSIS) for r in pilot_records()]
+    claims = {c.id: c for c in study_claims(rows, [])}
+    assert claims["X6"].status == "REPRODUCED" and claims["X6"].verdict.estimate.successes == 6
+    assert claims["X7"].status == "REPRODUCED"
+    assert claims["X8"].status == "INCONCLUSIVE" and claims["X8"].settle() == "~6 units"  # 2/2: warmup at 1e-3
+    broken = [run_row(r, ANALYSIS) for r in pilot_records({("post", 12, 0): (2.60, 2.45)})]  # deep Post-LN trains
+    assert {c.id: c.status for c in study_claims(broken, [])}["X6"] == "INCONCLUSIVE"
 
 
-def test_pilot_table_reproduces_every_finding() -> None:
-    got = findings(pilot_records())
-    assert got == {
-        "Gradient profile at init": "reproduced",
-        "Deep Post-LN without warmup does not train": "reproduced",
-        "Warmup rescues deep Post-LN at the smallest LR only": "reproduced",
-        "Shallow models train with either placement": "reproduced",
-        "Post-LN's LR sensitivity grows with depth": "reproduced",
-    }
+def test_summary_csv_round_trips_with_types(tmp_path: Path) -> None:
+    from lnblocks.study.report import write_summary_csv
 
-
-@pytest.mark.parametrize(
-    ("changes", "broken"),
-    [
-        ({("post", 12, 0): (2.60, 3.35)}, "Deep Post-LN without warmup does not train"),  # post trains at 1e-3
-        ({("pre", 12, 0): (2.49, 3.34)}, "Deep Post-LN without warmup does not train"),  # pre stuck at 3e-3
-        ({("post", 12, 60): (3.34, 3.35)}, "Warmup rescues deep Post-LN at the smallest LR only"),  # no rescue
-        ({("post", 12, 60): (2.62, 2.70)}, "Warmup rescues deep Post-LN at the smallest LR only"),  # rescues both
-        ({("post", 3, 0): (2.52, None)}, "Shallow models train with either placement"),  # a shallow run diverged
-    ],
-)
-def test_each_finding_fails_when_its_numbers_say_so(changes: dict, broken: str) -> None:
-    got = findings(pilot_records(changes))
-    assert got[broken] == "did not reproduce"
-    assert sum(v == "did not reproduce" for v in got.values()) >= 1
-
-
-@pytest.mark.parametrize(
-    "ratios",
-    [
-        {("pre", 12): 1.3},  # Pre-LN growing toward the output
-        {("post", 12): 0.9},  # Post-LN not rising with depth
-        {("post", 3): 0.5, ("post", 12): 0.8},
-    ],  # rising, but never above 1
-)
-def test_gradient_profile_finding_needs_post_rising_above_one_and_pre_below_one(ratios: dict) -> None:
-    assert findings(pilot_records(ratios=ratios))["Gradient profile at init"] == "did not reproduce"
-
-
-def test_grid_without_both_placements_is_not_tested() -> None:
-    recs = [r for r in pilot_records() if r.config["model"]["placement"] == "pre"]
-    assert findings(recs) == {"Pre-LN vs Post-LN": "not tested"}
+    rows = [run_row(r, ANALYSIS) for r in pilot_records({("post", 3, 0): (2.52, None)})]
+    write_summary_csv(rows, tmp_path / "summary.csv")
+    back = read_summary(tmp_path / "summary.csv")
+    assert back == rows
+    assert isinstance(back[0]["depth"], int) and isinstance(back[0]["lr"], float) and back[0]["qk_norm"] is False
 
 
 def test_gradient_profile_counts_each_init_once() -> None:

@@ -124,7 +124,14 @@ def test_shipped_quick_config_is_the_documented_grid() -> None:
 def test_placements_config_runs_every_variant_for_two_steps() -> None:
     s = load_study(CONFIGS / "placements.yaml")
     variants = {lab for lab, _ in next(a for a in s.axes if a.name == "variant").values}
-    assert variants == {"pre", "post", "sandwich", "deepnorm", "reordered", "resi_dual", "mix_ln", "dyt", "none"}
+    assert variants == {
+        "pre", "post", "sandwich", "deepnorm", "reordered", "resi_dual", "mix_ln", "dyt", "none", "rezero", "lns",
+    }  # fmt: skip
+    assert {(r.label_dict["variant"], r.model.depth) for r in s.runs() if r.model.depth == 24} == {
+        ("pre", 24),
+        ("post", 24),
+        ("deepnorm", 24),
+    }
     small = s.override(
         {
             "model.depth": [4],
@@ -138,14 +145,14 @@ def test_placements_config_runs_every_variant_for_two_steps() -> None:
             "diagnostics.init_grad_batches": 1,
         }
     )
-    assert isinstance(small, StudyConfig) and len(small.runs()) == 9
+    assert isinstance(small, StudyConfig) and len(small.runs()) == 11  # depth 24 of the extra grid -> 4 as well
     for run in small.runs():
         rec = train_run(run, show_progress=False)
         assert rec.status == "finished" and rec.result.steps_done == 2, run.run_id
         assert len(rec.result.init_grad["expected"]["W_2"]) == 4
         d = rec.result.diagnostics[0]
         assert len(d["residual_rms"]) == 5 and len(d["attn_max_logit"]) == 4
-        if run.label_dict["variant"] == "none":
+        if run.label_dict["variant"] in ("none", "rezero"):
             assert "norm" not in d["grad_norm"]  # nothing to report for a norm-free stack
         else:
             assert len(d["grad_norm"]["norm"]) == 4

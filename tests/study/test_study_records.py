@@ -4,6 +4,7 @@ validation named by file and key (issue 10, items 2 and 9)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import shutil
@@ -36,8 +37,8 @@ def lm_record(**result: object) -> RunRecord:
 
 
 def test_schema_1_records_load_and_report_as_before(tmp_path: Path) -> None:
-    """The fixture is a study run by lnblocks before this schema (2 finished and 2 diverged runs); its report's
-    summary.csv must be byte-identical to the one that code wrote."""
+    """The fixture is a study run by lnblocks before this schema (2 finished and 2 diverged runs); every column of
+    the summary.csv that code wrote must come out identical (later columns, e.g. final_log_z, are added)."""
     out = tmp_path / "old"
     shutil.copytree(FIXTURE, out)
     recs = [read_record(p) for p in sorted((out / "runs").glob("*.json"))]
@@ -45,7 +46,12 @@ def test_schema_1_records_load_and_report_as_before(tmp_path: Path) -> None:
     assert sorted(r.status for r in recs) == ["diverged", "diverged", "finished", "finished"]
     assert all(isinstance(r.result, LMResult) and r.result.init_grad for r in recs)
     assert build_report(out, echo=False) == 0
-    assert (out / "summary.csv").read_text() == (FIXTURE / "summary_main.csv").read_text()
+    with open(out / "summary.csv", newline="") as f:
+        new = list(csv.DictReader(f))
+    with open(FIXTURE / "summary_main.csv", newline="") as f:
+        old = list(csv.DictReader(f))
+    assert len(new) == len(old) == 4 and set(old[0]) <= set(new[0])
+    assert [{k: r[k] for k in old[0]} for r in new] == old
     assert "## Findings" in (out / "report.md").read_text()
 
 

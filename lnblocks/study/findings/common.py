@@ -1,0 +1,194 @@
+"""What every claim check shares: the ``Claim`` a check returns, which arm of a study plays which role, per-cell
+run tables, threshold comparisons, and how numbers and rules are written.
+
+Units. A *cell* is one run's coordinates besides its arm: (depth, LR, warmup, seed). Trained-run claims pool the
+cells a claim covers (e.g. every LR and warmup at every depth) because a config has few seeds; cells of one seed
+share its init, so the pooled n is an optimistic count of independent draws, and each claim's text says what it
+pooled. Init-profile claims use fresh seeds, which are independent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lnblocks.study.metrics import lr_label
+from lnblocks.study.stats import Estimate, Outcome, Verdict, agreement, largest_stable_lr, verdict
+
+SHARE_RULE = "share rule: REPRODUCED when the 95% Clopper-Pearson lower bound is above 1/2 (>= 6/6, 8/9, 10/12, 13/16)"
+INTERVAL_RULE = "REPRODUCED when the 95% interval lies wholly on the claimed side"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A published claim checked on a study: ``id`` (docs/study-claims.md), ``title`` (the claim), ``paper``,
+    the ``verdict`` (None: not tested, ``text`` says why), ``text`` with every number, and ``scale``: what scale
+    the claim needs when this one cannot settle it."""
+
+    id: str
+    title: str
+    paper: str
+    verdict: Verdict | None
+    text: str
+    scale: str = ""
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return None if self.verdict is None else self.verdict.outcome
+
+    @property
+    def status(self) -> str:
+        return "NOT TESTED" if self.verdict is None else str(self.verdict.outcome)
+
+    @property
+    def estimate(self) -> str:
+        return "" if self.verdict is None else format(self.verdict.estimate)
+
+    def settle(self) -> str:
+        """What would settle an INCONCLUSIVE verdict ("~9 seeds"), else ""."""
+        v = self.verdict
+        if v is None or v.outcome is not Outcome.INCONCLUSIVE:
+            return ""
+        if v.seeds_needed is not None:
+            unit = "units" if v.estimate.successes is not None else "seeds"
+            return f"~{v.seeds_needed} {unit}"
+        return "no n (no effect)" if v.estimate.value == v.threshold else "unknown (n=1)"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``findings.json``: ``title``, ``status`` and ``text`` (what ``make demo`` prints) and the numbers."""
+        v = self.verdict
+        est = None
+        if v is not None:
+            e = v.estimate
+            est = {"value": e.value, "low": e.low, "high": e.high, "n": e.n, "label": e.label, "successes": e.successes}
+        return {
+            "id": self.id, "title": f"{self.id} {self.title}", "paper": self.paper, "status": self.status.lower(),
+            "text": self.text, "estimate": est, "estimate_text": self.estimate, "settle": self.settle(),
+            "rule": None if v is None else v.claim,
+            "seeds_needed": None if v is None else v.seeds_needed, "scale": self.scale,
+        }  # fmt: skip
+
+
+def not_tested(cid: str, title: str, paper: str, why: str) -> Claim:
+    return Claim(cid, title, paper, None, f"Not tested: {why}.")
+
+
+def judged(cid: str, title: str, paper: str, est: Estimate | None, claim: str, threshold: float | None, text: str,
+           scale: str = "", none_why: str = "no unit of the grid tells the arms apart") -> Claim:  # fmt: skip
+    """A claim with ``verdict(est, claim, threshold)``, or not tested (``none_why``) when there is no estimate."""
+    if est is None:
+        return Claim(cid, title, paper, None, f"{text} Not tested: {none_why}.".strip(), scale)
+    text = text.rstrip()
+    c = Claim(cid, title, paper, verdict(est, claim, threshold), text, scale)
+    settle = f"; would settle it: {c.settle()}" if c.settle() else ""
+    return dataclasses.replace(c, text=f"{text} Verdict: {c.status} ({c.verdict.claim}){settle}.")
+
+
+# ---- arms -----------------------------------------------------------------------------------------------------
+
+
+def kind_of(row: dict[str, Any]) -> str:
+    """The placement family a run belongs to: its placement, or ``dyt`` (DyT in place of LayerNorm), ``rezero``
+    (no norm with ReZero gates) or ``lns`` (Pre-LN with LayerNorm Scaling); ``+qk`` with qk-norm."""
+    p = row["placement"]
+    if p == "none" and row.get("rezero"):
+        p = "rezero"
+    elif p == "pre" and row.get("depth_scaled_norm"):
+        p = "lns"
+    elif p == "pre" and row.get("norm") == "dyt":
+        p = "dyt"
+    return f"{p}+qk" if row.get("qk_norm") else p
+
+
+def roles(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """``{kind: arch label}`` for every kind exactly one arch of the study has (an ambiguous kind, e.g. two
+    Pre-LN arms with and without qk-norm, plays no role: the placement claims cannot tell which one is meant)."""
+    by_kind: dict[str, set[str]] = {}
+    for r in rows:
+        by_kind.setdefault(kind_of(r), set()).add(r["arch"])
+    return {k: next(iter(a)) for k, a in by_kind.items() if len(a) == 1}
+
+
+def cells(rows: list[dict[str, Any]], arch: str) -> dict[tuple[int, float, int, int], dict[str, Any]]:
+    """``{(depth, lr, warmup, seed): row}`` of one arch."""
+    return {(r["depth"], r["lr"], r["warmup"], r["seed"]): r for r in rows if r["arch"] == arch}
+
+
+def trained(row: dict[str, Any]) -> bool:
+    return row["outcome"] == "trained"
+
+
+def thresholds(rows: list[dict[str, Any]], arch: str) -> dict[tuple[int, int, int], float]:
+    """``{(depth, warmup, seed): largest stable LR}`` of one arch on the grid it has (``stats.largest_stable_lr``)."""
+    by: dict[tuple[int, int, int], dict[float, bool]] = {}
+    for (d, lr, w, s), r in cells(rows, arch).items():
+        by.setdefault((d, w, s), {})[lr] = trained(r)
+    return {k: largest_stable_lr(v) for k, v in sorted(by.items())}
+
+
+def lr_text(m: float) -> str:
+    if m == math.inf:
+        return "> grid"
+    if m == -math.inf:
+        return "< grid"
+    return lr_label(m)
+
+
+def discordant(
+    pairs: Iterable[tuple[dict[str, Any], dict[str, Any]]],
+) -> tuple[Estimate | None, int, int]:
+    """Threshold comparison pooled over cells: among the ``(low, high)`` run pairs (same cell, two arms) where
+    exactly one trained, the share where ``high`` trained. Under failure monotone in LR this share is 1 when
+    ``high``'s largest stable LR lies above ``low``'s and 0 when below, and a wider grid only adds pairs of the
+    same sign. Returns the share (None when no pair is discordant), how many pairs were ties, and all pairs."""
+    flags, ties, total = [], 0, 0
+    for low, high in pairs:
+        total += 1
+        if trained(low) == trained(high):
+            ties += 1
+        else:
+            flags.append(trained(high))
+    return (agreement(flags) if flags else None), ties, total
+
+
+def paired_cells(
+    rows: list[dict[str, Any]], a: str, b: str, keep: Callable[[tuple[int, float, int, int]], bool] = lambda c: True
+) -> list[tuple[tuple[int, float, int, int], dict[str, Any], dict[str, Any]]]:
+    """``(cell, row of a, row of b)`` for every cell both arches ran that ``keep`` accepts, sorted."""
+    ca, cb = cells(rows, a), cells(rows, b)
+    return [(c, ca[c], cb[c]) for c in sorted(set(ca) & set(cb)) if keep(c)]
+
+
+def threshold_text(
+    rows: list[dict[str, Any]], arches: list[str], keep: Callable[[tuple], bool] = lambda k: True
+) -> str:
+    """``"largest stable LR per (depth, warmup, seed): post ..., pre ..."``."""
+    parts = []
+    for arch in arches:
+        m = {k: v for k, v in thresholds(rows, arch).items() if keep(k)}
+        parts.append(f"{arch}: " + ", ".join(f"L={d} w={w} s={s} {lr_text(v)}" for (d, w, s), v in m.items()))
+    return "largest stable LR per (depth, warmup, seed) cell: " + "; ".join(parts)
+
+
+def discordant_text(est: Estimate | None, ties: int, total: int, what: str) -> str:
+    if est is None:
+        return f"{what}: none of the {total} run pairs is discordant ({ties} ties)"
+    return f"{what}: {format(est)} of the discordant run pairs ({ties} of {total} pairs tie and are left out)"
+
+
+def show(est: Estimate | None) -> str:
+    """An estimate as ``"mean 0.52 [0.41, 0.63] (n=16)"``, or ``"n/a"``."""
+    return "n/a" if est is None else format(est)
+
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    if x is None or not math.isfinite(x):
+        return "–"
+    return f"{x:.{digits}g}"
+
+
+def finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and isinstance(v, int | float) and math.isfinite(v)]

@@ -1,0 +1,81 @@
+"""The init gradient profile over fresh seeds: seed s is exactly the ``init_grad`` a run with seed s records, the
+cache is reused and invalidated by what it depends on, and ``seeds: 0`` falls back to the runs' own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lnblocks.study import RunConfig, train_run
+from lnblocks.study import init_profile as ip
+from lnblocks.study.config import InitProfileConfig
+
+BASE = {
+    "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 1},
+    "model": {"depth": 3, "dim": 32, "n_heads": 4},
+    "train": {"steps": 2},
+    "diagnostics": {"every": 1, "init_grad_batches": 3, "probe_batch_size": 4},
+}
+
+
+def config(**model: object) -> RunConfig:
+    return RunConfig.from_dict({**BASE, "model": {**BASE["model"], **model}})
+
+
+@pytest.mark.parametrize("placement", ["pre", "post", "mix_ln"])
+def test_seed_s_is_the_init_grad_of_a_run_with_seed_s(placement: str) -> None:
+    run = config(placement=placement)
+    got = ip.measure(run, [0, 5], batches=3)
+    for i, seed in enumerate((0, 5)):
+        rec = train_run(RunConfig.from_dict({**run.to_dict(), "train": {**run.to_dict()["train"], "seed": seed}}),
+                        show_progress=False)  # fmt: skip
+        expected = rec.result.init_grad["expected"]
+        assert {k: v[i] for k, v in got["grad"].items()} == expected
+        assert got["residual_rms"][i] == rec.result.diagnostics[0]["residual_rms"]  # step-0 probe, before any update
+
+
+def _records(tmp_path: Path) -> list:
+    return [train_run(config(placement=p, depth=d), show_progress=False) for p in ("pre", "post") for d in (1, 2)]
+
+
+def test_study_profiles_cache_and_invalidation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = _records(tmp_path)
+    settings = InitProfileConfig(seeds=3, batches=2, first_seed=10)
+    first = ip.study_profiles(tmp_path, records, settings)
+    assert sorted((p.arch, p.depth) for p in first) == [("post", 1), ("post", 2), ("pre", 1), ("pre", 2)]
+    assert all(p.seeds == [10, 11, 12] and len(p.w2) == 3 and len(p.w2[0]) == p.depth for p in first)
+    assert (tmp_path / ip.FILE).is_file()
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the cache should have been used")
+
+    monkeypatch.setattr(ip, "measure", boom)
+    assert ip.study_profiles(tmp_path, records, settings) == first
+    with pytest.raises(AssertionError, match="cache"):
+        ip.study_profiles(tmp_path, records, InitProfileConfig(seeds=3, batches=2, first_seed=11))  # new seeds
+    monkeypatch.undo()
+    (tmp_path / ip.FILE).write_text("{trunc")  # a broken cache is recomputed, not an error
+    assert ip.study_profiles(tmp_path, records, settings) == first
+
+
+def test_zero_seeds_uses_the_runs_own_init_grad(tmp_path: Path) -> None:
+    records = _records(tmp_path)
+    prof = {(p.arch, p.depth): p for p in ip.study_profiles(None, records, InitProfileConfig(seeds=0))}
+    rec = next(r for r in records if r.config["model"]["placement"] == "post" and r.config["model"]["depth"] == 2)
+    assert prof[("post", 2)].w2 == [rec.result.init_grad["expected"]["W_2"]] and prof[("post", 2)].source == "runs"
+    assert prof[("post", 2)].batches == 3
+
+
+BAD = [
+    ({"seeds": -1}, "seeds"),
+    ({"batches": 0}, "batches"),
+    ({"first_seed": -3}, "first_seed"),
+    ({"sedes": 3}, "sedes"),
+]
+
+
+@pytest.mark.parametrize(("options", "match"), BAD)
+def test_bad_settings_name_the_key(options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        InitProfileConfig.from_dict(options, key="analysis.init_profile")
