@@ -24,7 +24,7 @@ TINY = {"norms": ["batch", "group"], "batch_sizes": [2, 8], "seeds": [0], "epoch
 def test_checked_in_config_is_the_default_and_validates() -> None:
     study = load_study(REPO / "configs" / "cnn_digits.yaml")
     assert study.task == "cnn_digits" and study.analysis == DigitsStudyConfig()
-    assert len(study.runs()) == 13 * 5 * 4
+    assert len(study.runs()) == 13 * 5 * 3
     with pytest.raises(ValueError, match=r"batch_size is not a config key; valid keys of DigitsStudyConfig"):
         DigitsStudyConfig.from_dict({"batch_size": 4})
     with pytest.raises(ValueError, match=r"norms\[1\] must be one of \['batch'"):

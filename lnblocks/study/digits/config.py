@@ -109,7 +109,7 @@ class DigitsStudyConfig(DigitsSettings):
 
     norms: tuple[str, ...] = NORM_KINDS
     batch_sizes: tuple[int, ...] = (2, 4, 8, 16, 32)
-    seeds: tuple[int, ...] = (0, 1, 2, 3)
+    seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self) -> None:
         super().__post_init__()
