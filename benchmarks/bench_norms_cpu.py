@@ -40,12 +40,21 @@ def _hf(path: str, name: str) -> Callable[[int], nn.Module] | None:
 PAIRS: list[tuple[str, Callable[[int], nn.Module] | None, Callable[[int], nn.Module]]] = [
     ("torch.nn.LayerNorm", lambda n: nn.LayerNorm(n), lambda n: lnblocks.LayerNorm(n)),
     ("torch.nn.RMSNorm", lambda n: nn.RMSNorm(n, eps=1e-6), lambda n: lnblocks.RMSNorm(n, eps=1e-6)),
-    ("HF LlamaRMSNorm", _hf("transformers.models.llama.modeling_llama", "LlamaRMSNorm"),
-     lambda n: lnblocks.build_norm("llama", n)),
-    ("HF GemmaRMSNorm", _hf("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm"),
-     lambda n: lnblocks.build_norm("gemma", n)),
-    ("HF T5LayerNorm", _hf("transformers.models.t5.modeling_t5", "T5LayerNorm"),
-     lambda n: lnblocks.build_norm("t5", n)),
+    (
+        "HF LlamaRMSNorm",
+        _hf("transformers.models.llama.modeling_llama", "LlamaRMSNorm"),
+        lambda n: lnblocks.build_norm("llama", n),
+    ),
+    (
+        "HF GemmaRMSNorm",
+        _hf("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm"),
+        lambda n: lnblocks.build_norm("gemma", n),
+    ),
+    (
+        "HF T5LayerNorm",
+        _hf("transformers.models.t5.modeling_t5", "T5LayerNorm"),
+        lambda n: lnblocks.build_norm("t5", n),
+    ),
 ]
 
 
@@ -91,13 +100,21 @@ def bench_case(m: int, n: int, dtype: torch.dtype, rounds: int) -> list[dict]:
             exact = torch.equal(ref(x), ours(x))
         t_fwd = _time({"ref": _infer(ref, x), "ours": _infer(ours, x)}, rounds)
         t_trn = _time({"ref": _train(ref, x, g), "ours": _train(ours, x, g)}, rounds)
-        rows.append({
-            "reference": ref_name, "M": m, "N": n, "dtype": str(dtype).removeprefix("torch."), "bit_exact": exact,
-            "fwd_ref_ms": t_fwd["ref"] * 1e3, "fwd_ours_ms": t_fwd["ours"] * 1e3,
-            "fwd_speedup": t_fwd["ref"] / t_fwd["ours"],
-            "train_ref_ms": t_trn["ref"] * 1e3, "train_ours_ms": t_trn["ours"] * 1e3,
-            "train_speedup": t_trn["ref"] / t_trn["ours"],
-        })
+        rows.append(
+            {
+                "reference": ref_name,
+                "M": m,
+                "N": n,
+                "dtype": str(dtype).removeprefix("torch."),
+                "bit_exact": exact,
+                "fwd_ref_ms": t_fwd["ref"] * 1e3,
+                "fwd_ours_ms": t_fwd["ours"] * 1e3,
+                "fwd_speedup": t_fwd["ref"] / t_fwd["ours"],
+                "train_ref_ms": t_trn["ref"] * 1e3,
+                "train_ours_ms": t_trn["ours"] * 1e3,
+                "train_speedup": t_trn["ref"] / t_trn["ours"],
+            }
+        )
     return rows
 
 
@@ -116,12 +133,15 @@ def bench_functional(m: int, n: int, dtype: torch.dtype, rounds: int) -> dict:
             norm_modules.CPU_BLOCK_BYTES = saved
 
     with torch.inference_mode():
-        t = _time({
-            "F.layer_norm": lambda: F.layer_norm(x, (n,), w, b, 1e-5),
-            "F.rms_norm": lambda: F.rms_norm(x, (n,), w, 1e-6),
-            "lnblocks RMSNorm": lambda: ours(x),
-            "lnblocks RMSNorm, no row blocks": unblocked,
-        }, rounds)
+        t = _time(
+            {
+                "F.layer_norm": lambda: F.layer_norm(x, (n,), w, b, 1e-5),
+                "F.rms_norm": lambda: F.rms_norm(x, (n,), w, 1e-6),
+                "lnblocks RMSNorm": lambda: ours(x),
+                "lnblocks RMSNorm, no row blocks": unblocked,
+            },
+            rounds,
+        )
     return {"M": m, "N": n, "dtype": str(dtype).removeprefix("torch."), **{k: v * 1e3 for k, v in t.items()}}
 
 
@@ -140,22 +160,29 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds\n")
 
     rows = [r for m, n in shapes for dt in dtypes for r in bench_case(m, n, dt, rounds)]
-    print("| reference | M x N | dtype | bit-exact | fwd ms ref / ours | fwd speed-up | train ms ref / ours "
-          "| train speed-up |")
+    print(
+        "| reference | M x N | dtype | bit-exact | fwd ms ref / ours | fwd speed-up | train ms ref / ours "
+        "| train speed-up |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['reference']} | {r['M']}x{r['N']} | {r['dtype']} | {'yes' if r['bit_exact'] else 'NO'} "
-              f"| {r['fwd_ref_ms']:.2f} / {r['fwd_ours_ms']:.2f} | {r['fwd_speedup']:.2f}x "
-              f"| {r['train_ref_ms']:.2f} / {r['train_ours_ms']:.2f} | {r['train_speedup']:.2f}x |")
+        print(
+            f"| {r['reference']} | {r['M']}x{r['N']} | {r['dtype']} | {'yes' if r['bit_exact'] else 'NO'} "
+            f"| {r['fwd_ref_ms']:.2f} / {r['fwd_ours_ms']:.2f} | {r['fwd_speedup']:.2f}x "
+            f"| {r['train_ref_ms']:.2f} / {r['train_ours_ms']:.2f} | {r['train_speedup']:.2f}x |"
+        )
 
     funcs = [bench_functional(m, n, dt, rounds) for m, n in shapes for dt in dtypes]
-    print("\n| M x N | dtype | F.layer_norm ms | F.rms_norm ms | rms/ln | lnblocks RMSNorm ms "
-          "| without row blocks ms |")
+    print(
+        "\n| M x N | dtype | F.layer_norm ms | F.rms_norm ms | rms/ln | lnblocks RMSNorm ms | without row blocks ms |"
+    )
     print("|---|---|---|---|---|---|---|")
     for f in funcs:
-        print(f"| {f['M']}x{f['N']} | {f['dtype']} | {f['F.layer_norm']:.2f} | {f['F.rms_norm']:.2f} "
-              f"| {f['F.rms_norm'] / f['F.layer_norm']:.1f}x | {f['lnblocks RMSNorm']:.2f} "
-              f"| {f['lnblocks RMSNorm, no row blocks']:.2f} |")
+        print(
+            f"| {f['M']}x{f['N']} | {f['dtype']} | {f['F.layer_norm']:.2f} | {f['F.rms_norm']:.2f} "
+            f"| {f['F.rms_norm'] / f['F.layer_norm']:.1f}x | {f['lnblocks RMSNorm']:.2f} "
+            f"| {f['lnblocks RMSNorm, no row blocks']:.2f} |"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"modules": rows, "functional": funcs}, indent=2))

@@ -95,7 +95,7 @@ class Block(nn.Module):
         self.attn_out_norm = norm_if(p.out_norm)
         self.attn_post_norm = norm_if(p.post_norm)
         self.mlp_in_norm = norm_if(p.in_norm and not config.shared_norm)
-        self.mlp = MLP(dim, config.mlp, config.norm if config.mlp_norm else None)
+        self.mlp = MLP(dim, config.mlp, config.mlp_norm_spec)
         self.mlp_out_norm = norm_if(p.out_norm)
         self.mlp_post_norm = norm_if(p.post_norm)
         self.alpha = 1.0

@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from lnblocks.blocks.placements import PLACEMENTS
-from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int, check_prob
+from lnblocks.config import (
+    Config,
+    ConfigTypeError,
+    ConfigValueError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_prob,
+)
 from lnblocks.norms import NormSpec
 
 AttentionBackend = Literal["sdpa", "flash_attn", "eager"]
@@ -97,8 +106,9 @@ class BlockConfig(Config):
     branches (Falcon-7B, Phi). ``deepnorm_alpha``: ``"deepnorm"`` only, overrides ``(2N)^(1/4)``.
     ``rezero``: scale each branch by a learnable scalar that starts at 0 (Bachlechner et al. 2020).
     ``dropout``: on each branch output before its residual add (GPT-2's ``resid_pdrop``).
-    ``mlp_norm``: NormFormer's FFN norm (Shleifer et al. 2021, arXiv 2110.09456): a ``norm`` over the MLP's hidden
+    ``mlp_norm``: NormFormer's FFN norm (Shleifer et al. 2021, arXiv 2110.09456): a norm over the MLP's hidden
     activations, after the activation (after the gating product for SwiGLU/GeGLU), before ``fc2``; any placement.
+    ``True`` uses the block's ``norm``; a norm (kind, preset, spec, dict) uses that one; ``False`` none.
     """
 
     dim: int = 64
@@ -112,7 +122,7 @@ class BlockConfig(Config):
     deepnorm_alpha: float | None = None
     rezero: bool = False
     dropout: float = 0.0
-    mlp_norm: bool = False
+    mlp_norm: bool | NormSpec | str | dict = False
 
     def __post_init__(self) -> None:
         self._set("dim", check_int("dim", self.dim))
@@ -127,8 +137,14 @@ class BlockConfig(Config):
                     "qk_norm", f"must be None or one of {list(QK_NORM_KINDS)} (or a preset of them), got {qk.kind!r}"
                 )
             self._set("qk_norm", qk)
-        for name in ("depth_scaled_norm", "shared_norm", "rezero", "mlp_norm"):
+        for name in ("depth_scaled_norm", "shared_norm", "rezero"):
             check_bool(name, getattr(self, name))
+        if not isinstance(self.mlp_norm, (bool, NormSpec, str, dict)):
+            raise ConfigTypeError(
+                "mlp_norm", f"must be a bool or a norm (kind, preset, spec or dict), got {self.mlp_norm!r}"
+            )
+        if not isinstance(self.mlp_norm, bool):
+            self._set("mlp_norm", NormSpec.from_dict(self.mlp_norm, key="mlp_norm"))
         self._set("dropout", check_prob("dropout", self.dropout))
         self._set(
             "deepnorm_alpha", check_float("deepnorm_alpha", self.deepnorm_alpha, lo=0, lo_open=True, allow_none=True)
@@ -161,6 +177,13 @@ class BlockConfig(Config):
                 f"keeps a pre-norm residual stream in fp32; placement={self.placement!r} has no input norm to "
                 f"fuse it into (use one of {with_in_norm})",
             )
+
+    @property
+    def mlp_norm_spec(self) -> NormSpec | None:
+        """The norm inside the MLP: the block's ``norm`` for ``mlp_norm=True``, the given one, or None."""
+        if isinstance(self.mlp_norm, bool):
+            return self.norm if self.mlp_norm else None
+        return self.mlp_norm
 
     @property
     def head_dim(self) -> int:

@@ -57,7 +57,8 @@ def _library_error(err: Exception) -> Exception:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
     """The GPT of one run: every ``BlockConfig`` / ``GPTConfig`` field by its own name (``dim``, ``norm``,
-    ``qk_norm``, ``attention``, ``mlp``, ``rezero``, ``positions``, ``init``, ``qkv_init``, ...), plus:
+    ``qk_norm``, ``mlp_norm``, ``emb_norm``, ``attention``, ``mlp``, ``rezero``, ``positions``, ``init``,
+    ``qkv_init``, ...), plus:
 
     - ``depth``: the number of layers (``GPTConfig.n_layers``);
     - ``placement``: any ``lnblocks.blocks.PLACEMENTS`` key, or ``"mix_ln"`` (Post-LN in the first

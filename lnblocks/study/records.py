@@ -129,7 +129,10 @@ class LMResult:
 @dataclass(frozen=True)
 class DigitsResult:
     """The CNN small-batch study's measurements of one run (see ``lnblocks.study.digits``): the learning rate used,
-    epochs and SGD steps, the mean train-mode loss of the last epoch, and eval-mode accuracies in percent."""
+    epochs and SGD steps, the mean train-mode loss of the last epoch, and eval-mode accuracies in percent.
+    ``switch_weights`` (SwitchableNorm arm): per layer, the learned ``{"mean"|"var": {"in"|"ln"|"bn": weight}}`` at
+    the end of training; ``agc_grad_ratio`` (NF arm): mean over steps of the blocks' gradient norm after AGC over
+    before it (1.0: AGC never clipped). Both null for the other arms and absent from older records."""
 
     TASK: ClassVar[str] = "cnn_digits"
     CONFIG: ClassVar[dict[str, Any]] = {"norm": (str,), "batch_size": (int,), "seed": (int,)}
@@ -145,6 +148,8 @@ class DigitsResult:
     final_train_loss: float | None
     train_acc: float
     test_acc: float
+    switch_weights: list[dict[str, dict[str, float]]] | None = None
+    agc_grad_ratio: float | None = None
 
 
 RESULTS: dict[str, type] = {"lm": LMResult, "cnn_digits": DigitsResult}

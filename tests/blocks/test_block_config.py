@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from lnblocks import Block, BlockConfig
 from lnblocks.blocks import MLP, AttentionConfig, MLPConfig
-from lnblocks.norms import LayerNormSpec, RMSNormSpec
+from lnblocks.norms import LayerNorm, LayerNormSpec, RMSNorm, RMSNormSpec
 from tests.blocks.block_helpers import randomize_
 
 
@@ -158,5 +158,22 @@ def test_normformer_mlp_norm_after_the_activation(activation: str, act, norm: st
     assert mlp.norm.weight.grad is not None and mlp.norm.weight.grad.abs().sum() > 0
     assert Block(cfg.replace(mlp_norm=False)).mlp.norm is None
     assert BlockConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(TypeError, match=r"^mlp_norm must be a bool"):
-        cfg.replace(mlp_norm="layernorm")
+    with pytest.raises(TypeError, match=r"^mlp_norm must be a bool or a norm"):
+        cfg.replace(mlp_norm=None)
+    with pytest.raises(ValueError, match=r"^mlp_norm must be a norm kind or preset"):
+        cfg.replace(mlp_norm="batchnorm")
+
+
+def test_mlp_norm_of_its_own() -> None:
+    """``mlp_norm`` given as a norm: that norm in the MLP, whatever the block's ``norm`` is; ``True`` = the block's."""
+    cfg = BlockConfig(dim=16, norm="rmsnorm", attention={"n_heads": 2}, mlp={"hidden_dim": 24},
+                      mlp_norm={"kind": "layernorm", "eps": 1e-6})  # fmt: skip
+    blk = Block(cfg)
+    assert isinstance(blk.mlp.norm, LayerNorm) and blk.mlp.norm.eps == 1e-6 and blk.mlp.norm.normalized_shape == (24,)
+    assert isinstance(blk.mlp_in_norm, RMSNorm)
+    assert cfg.mlp_norm_spec == LayerNormSpec(eps=1e-6) and BlockConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(mlp_norm=True).mlp_norm_spec == cfg.norm and cfg.replace(mlp_norm=False).mlp_norm_spec is None
+    x = torch.randn(2, 3, 16)
+    h = F.gelu(blk.mlp.fc1(x))
+    torch.testing.assert_close(blk.mlp(x), blk.mlp.fc2(F.layer_norm(h, (24,), blk.mlp.norm.weight,
+                                                                    blk.mlp.norm.bias, 1e-6)))  # fmt: skip

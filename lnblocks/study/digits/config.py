@@ -15,14 +15,23 @@ from typing import Any, ClassVar
 from lnblocks.config import Config, ConfigTypeError, ConfigValueError, check_choice, check_float, check_int
 from lnblocks.study.config import MAX_SEED, check_seed, config_hash, run_id
 
-NORM_KINDS = ("batch", "group", "layer2d", "instance", "batchrenorm")
+# The arms: what each block's conv3x3-norm-ReLU becomes is in lnblocks.study.digits.arms (one recipe per kind).
 NORM_LABELS = {
     "batch": "BatchNorm",
     "group": "GroupNorm",
     "layer2d": "LayerNorm2d",
     "instance": "InstanceNorm",
     "batchrenorm": "BatchRenorm",
+    "switchable": "SwitchableNorm",
+    "frn": "FRN + TLU",
+    "evonorm_s0": "EvoNorm-S0",
+    "evonorm_b0": "EvoNorm-B0",
+    "group_ws": "GroupNorm + WS",
+    "nf": "NF (scaled WS + AGC)",
+    "weightnorm": "WeightNorm",
+    "lrn": "LRN",
 }
+NORM_KINDS = tuple(NORM_LABELS)
 GRID_KEYS = ("norms", "batch_sizes", "seeds")
 
 
@@ -48,7 +57,7 @@ class DigitsSettings(Config):
     a run (the nets are tiny: more threads only add overhead).
     """
 
-    epochs: int = 5  # batch 32 needs ~5 epochs (225 steps) to converge; equal epochs = equal lr x steps budget
+    epochs: int = 10  # batch 32 needs ~10 epochs (440 steps) to converge; equal epochs = equal lr x steps budget
     min_steps: int = 1  # large batches train for more epochs if needed to reach this many SGD steps
     base_lr: float = 0.1  # at batch size 32
     warmup_frac: float = 0.1  # linear lr warm-up over this fraction of the steps (Goyal et al. 2017), then cosine
@@ -63,6 +72,8 @@ class DigitsSettings(Config):
     renorm_ramp_frac: float = 0.3  # ... then both limits grow linearly over this fraction of the steps
     test_fraction: float = 0.2
     split_seed: int = 0
+    agc_clipping: float = 0.01  # NF arm: AGC's lambda (Brock et al. 2021, arXiv 2102.06171), on every conv weight
+    wn_init_images: int = 256  # WeightNorm arm: training images of the data-dependent init (Salimans & Kingma 2016)
     max_train: int | None = None  # cap the training set (smoke tests); None = all of it
     threads: int = 1
 
@@ -72,11 +83,12 @@ class DigitsSettings(Config):
             raise ConfigValueError(
                 "widths", f"needs at least 2 conv layers (pooling follows the second), got {list(self.widths)}"
             )
-        for name in ("epochs", "min_steps", "gn_groups", "threads"):
+        for name in ("epochs", "min_steps", "gn_groups", "wn_init_images", "threads"):
             self._set(name, check_int(name, getattr(self, name)))
         if any(w % self.gn_groups for w in self.widths):
             raise ConfigValueError("gn_groups", f"({self.gn_groups}) must divide every width in {list(self.widths)}")
         self._set("base_lr", check_float("base_lr", self.base_lr, lo=0, lo_open=True))
+        self._set("agc_clipping", check_float("agc_clipping", self.agc_clipping, lo=0, lo_open=True))
         for name in ("warmup_frac", "sgd_momentum", "weight_decay", "bn_momentum", "renorm_warmup_frac",
                      "renorm_ramp_frac"):  # fmt: skip
             self._set(name, check_float(name, getattr(self, name), lo=0, hi=1))
@@ -113,7 +125,8 @@ class DigitsStudyConfig(DigitsSettings):
         self._set("seeds", _int_list("seeds", self.seeds, 0, MAX_SEED))
 
     def quick(self) -> DigitsStudyConfig:
-        """A smoke version (about 10 CPU seconds): one seed, batch sizes 4 and 32, 384 training images, 2 epochs."""
+        """A smoke version (about 20 CPU seconds): one seed, batch sizes 4 and 32, 384 training images, 2 epochs
+        (at least 60 steps); every arm of ``norms``."""
         return self.replace(seeds=self.seeds[:1], epochs=2, min_steps=60, batch_sizes=(4, 32), max_train=384)
 
 

@@ -1,8 +1,9 @@
 """Data, model and one training run of the digits study: a small CNN on sklearn's bundled 8x8 digits.
 
 ``load_digits`` ships inside scikit-learn (1797 images, 10 classes), so nothing is downloaded. The CNN is
-``conv-norm-relu`` x len(widths) with a 2x2 max-pool after the second block, global average pooling and a linear
-classifier; only the norm changes between runs. Training is SGD with momentum and a cosine schedule over
+``len(widths)`` blocks (a 3x3 conv and the arm's norm and activation, ``lnblocks.study.digits.arms``) with a 2x2
+max-pool after the second, global average pooling and a linear classifier; only the blocks change between runs
+(the NF arm clips its blocks' gradients with AGC). Training is SGD with momentum and a cosine schedule over
 ``epochs`` epochs (lr scaled linearly with the batch size; see ``schedule``). The score is test accuracy in eval
 mode, where BatchNorm uses its running statistics -- where small batches hurt (Wu & He 2018; Ioffe 2017).
 """
@@ -22,7 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnblocks._optional import require
-from lnblocks.cnn import BatchNorm2d, BatchRenorm2d, GroupNorm, InstanceNorm2d, LayerNorm2d
+from lnblocks.cnn import adaptive_grad_clip_
+from lnblocks.study.digits.arms import DigitsCNN, weight_norm_data_init
 from lnblocks.study.digits.config import DigitsRunConfig, DigitsSettings
 from lnblocks.study.records import DigitsResult, RunRecord
 
@@ -62,52 +64,15 @@ def _load_digits(test_fraction: float, split_seed: int, max_train: int | None) -
     )
 
 
-def norm_factory(kind: str, cfg: DigitsSettings, total_steps: int) -> Callable[[int], nn.Module]:
-    """``channels -> norm module`` for ``kind`` (affine everywhere, so only the statistics differ)."""
-    m = cfg.bn_momentum
-    if kind == "batch":
-        return lambda c: BatchNorm2d(c, momentum=m)
-    if kind == "group":
-        return lambda c: GroupNorm(cfg.gn_groups, c)
-    if kind == "layer2d":
-        return lambda c: LayerNorm2d(c)
-    if kind == "instance":
-        return lambda c: InstanceNorm2d(c, affine=True)
-    if kind == "batchrenorm":
-        warmup = int(cfg.renorm_warmup_frac * total_steps)
-        ramp = int(cfg.renorm_ramp_frac * total_steps)
-        return lambda c: BatchRenorm2d(
-            c, momentum=m, r_max=cfg.renorm_r_max, d_max=cfg.renorm_d_max, warmup_steps=warmup,
-            r_ramp_steps=ramp, d_ramp_steps=ramp,
-        )  # fmt: skip
-    raise ValueError(f"norm must be one of 'batch', 'group', 'layer2d', 'instance', 'batchrenorm', got {kind!r}")
-
-
-class DigitsCNN(nn.Module):
-    """conv3x3-norm-relu blocks (max-pool after the 2nd), global average pool, linear head: (N, 1, 8, 8) -> (N, 10)."""
-
-    def __init__(self, widths: tuple[int, ...], make_norm: Callable[[int], nn.Module]) -> None:
-        super().__init__()
-        layers: list[nn.Module] = []
-        c_in = 1
-        for i, c in enumerate(widths):
-            layers += [nn.Conv2d(c_in, c, 3, padding=1, bias=False), make_norm(c), nn.ReLU()]
-            if i == 1:
-                layers.append(nn.MaxPool2d(2))  # 8x8 -> 4x4
-            c_in = c
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Linear(c_in, 10)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.features(x)  # (N, C, 4, 4)
-        return self.head(h.mean((2, 3)))  # (N, 10)
-
-
 @torch.no_grad()
 def accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
     """Eval-mode accuracy in percent."""
     model.eval()
     return 100.0 * (model(x).argmax(1) == y).float().mean().item()
+
+
+def _grad_norm(params: list[nn.Parameter]) -> Tensor:
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
 
 
 def schedule(cfg: DigitsSettings, n_train: int, batch_size: int) -> tuple[int, int]:
@@ -130,14 +95,19 @@ def train_run(
     b = run.batch_size
     epochs, total_steps = schedule(run, n, b)
     steps_per_epoch = total_steps // epochs
-    model = DigitsCNN(run.widths, norm_factory(run.norm, run, total_steps))
+    model = DigitsCNN(run.widths, run.norm, run, total_steps)
+    gen = torch.Generator().manual_seed(run.seed)
+    if run.norm == "weightnorm":
+        init_idx = torch.randperm(n, generator=torch.Generator().manual_seed(run.seed))[: run.wn_init_images]
+        weight_norm_data_init(model, data.x_train[init_idx])
     lr = run.base_lr * b / 32
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=run.sgd_momentum, weight_decay=run.weight_decay)
     warmup = max(1, int(run.warmup_frac * total_steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / total_steps))
     )
-    gen = torch.Generator().manual_seed(run.seed)
+    clipped = model.clipped_parameters() if run.norm == "nf" else []
+    agc_ratio = torch.zeros(())  # sum over steps of |G after AGC| / |G before| (the blocks' gradients)
     losses: list[float] = []
     for _ in range(epochs):
         model.train()
@@ -148,6 +118,10 @@ def train_run(
             loss = F.cross_entropy(model(data.x_train[idx]), data.y_train[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if clipped:
+                before = _grad_norm(clipped)
+                adaptive_grad_clip_(clipped, clipping=run.agc_clipping)
+                agc_ratio += _grad_norm(clipped) / before
             opt.step()
             sched.step()
             epoch_loss += loss.detach()
@@ -161,6 +135,8 @@ def train_run(
         final_train_loss=losses[-1] if math.isfinite(losses[-1]) else None,
         train_acc=accuracy(model, data.x_train, data.y_train),
         test_acc=accuracy(model, data.x_test, data.y_test),
+        switch_weights=model.switch_weights() if run.norm == "switchable" else None,
+        agc_grad_ratio=float(agc_ratio) / total_steps if clipped else None,
     )
     return RunRecord(
         id=run.run_id,
