@@ -9,7 +9,7 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.lnblocks-installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= -n 2   # pytest-xdist: one worker per core of the 2-core dev machines; PYTEST_ARGS= runs serially
 
 .PHONY: setup demo test lint bench clean
 
