@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from timing import Timer  # benchmarks/timing.py: CUDA events, or perf_counter on CPU
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,31 +38,6 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per contender")
     ap.add_argument("--report-only", action="store_true", help="print the markdown of PREFIX.json")
     return ap.parse_args()
-
-
-class Clock:
-    """Median seconds of ``fn()`` after warm-up (CUDA events on GPU, perf_counter on CPU)."""
-
-    def __init__(self, device: torch.device, steps: int, warmup: int) -> None:
-        self.device, self.steps, self.warmup = device, steps, warmup
-
-    def __call__(self, fn: Callable[[], object]) -> float:
-        for _ in range(self.warmup):
-            fn()
-        times = []
-        for _ in range(self.steps):
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -98,7 +73,7 @@ def _norm_backends(model: torch.nn.Module) -> list[str]:
     return sorted({str(m.last_backend) for m in model.modules() if isinstance(m, Norm)})
 
 
-def gpt_section(device: torch.device, smoke: bool, clock: Clock) -> dict:
+def gpt_section(device: torch.device, smoke: bool, clock: Timer) -> dict:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from lnblocks.models import GPT
@@ -174,7 +149,7 @@ def _sync_debug(device: torch.device, step: Callable[[], None]) -> dict:
     return {"status": "ok: no host synchronisation in a train step"}
 
 
-def _cuda_graph(device: torch.device, model, idx, clock: Clock, tokens: int) -> dict:
+def _cuda_graph(device: torch.device, model, idx, clock: Timer, tokens: int) -> dict:
     if device.type != "cuda":
         return {"status": "skipped: needs CUDA"}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
@@ -200,7 +175,7 @@ def _cuda_graph(device: torch.device, model, idx, clock: Clock, tokens: int) -> 
 
 
 # ---- 2. HF Llama forward + backward ---------------------------------------------------------------------------------
-def llama_section(device: torch.device, smoke: bool, clock: Clock) -> dict:
+def llama_section(device: torch.device, smoke: bool, clock: Timer) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import lnblocks.hf
@@ -332,7 +307,7 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before lnblocks.kernels decorates its kernels
     sys.path.insert(0, str(ROOT))
     device = torch.device("cpu" if smoke else "cuda")
-    clock = Clock(device, args.steps or (1 if smoke else 10), 1 if smoke else 3)
+    clock = Timer(device, args.steps or (1 if smoke else 10), 1 if smoke else 3, flush_l2=False)
     result: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "CPU (smoke run, interpreter)",
         "torch": torch.__version__,

@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from timing import Timer  # benchmarks/timing.py: CUDA events with an L2 flush per repetition
 from traffic import Operands, min_bytes  # benchmarks/traffic.py: the one byte count every contender is divided by
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -44,34 +44,6 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--report-only", action="store_true", help="rebuild PREFIX.md/.png from PREFIX.json (cut-off run)")
     ap.add_argument("--no-plot", action="store_true", help="write no PREFIX.png")
     return ap.parse_args()
-
-
-# ---- timing ---------------------------------------------------------------------------------------------------------
-class Timer:
-    """Median seconds of ``fn()``: CUDA events with an L2 flush before each repetition, or perf_counter on CPU."""
-
-    def __init__(self, device: torch.device, reps: int, warmup: int) -> None:
-        self.device, self.reps, self.warmup = device, reps, warmup
-        self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device) if device.type == "cuda" else None
-
-    def __call__(self, fn: Callable[[], object]) -> float:
-        for _ in range(self.warmup):
-            fn()
-        times = []
-        for _ in range(self.reps):
-            if self.flush is None:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-                continue
-            self.flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
 
 
 def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:

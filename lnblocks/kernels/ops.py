@@ -22,6 +22,8 @@ the torch backend's result rather than a silently detached gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -81,27 +83,31 @@ def _bwd_op_inplace_fake(dy, dres_out, z, weight, seed, mean, rstd, compute_dw, 
     return _bwd_fake_grads(z, plan_from_op_args(*plan_args), compute_dw, compute_db)
 
 
-norm_fwd = torch.library.custom_op(
-    "lnblocks::norm_fwd",
-    _fwd_op_impl,
-    mutates_args=(),
-    schema=f"({_FWD_TENSORS}, {_PLAN}) -> (Tensor, Tensor, Tensor, Tensor)",
+def _custom_op(
+    name: str, impl: Callable, fake: Callable, schema: str, mutates_args: tuple[str, ...] = ()
+) -> torch.library.CustomOpDef:
+    """The ``torch.library`` op ``name`` running ``impl``, with ``fake`` registered for tracing."""
+    op = torch.library.custom_op(name, impl, mutates_args=mutates_args, schema=schema)
+    op.register_fake(fake)
+    return op
+
+
+norm_fwd = _custom_op(
+    "lnblocks::norm_fwd", _fwd_op_impl, _fwd_op_fake, f"({_FWD_TENSORS}, {_PLAN}) -> (Tensor, Tensor, Tensor, Tensor)"
 )
-norm_fwd.register_fake(_fwd_op_fake)
-norm_bwd = torch.library.custom_op(
+norm_bwd = _custom_op(
     "lnblocks::norm_bwd",
     _bwd_op_impl,
-    mutates_args=(),
-    schema=f"(Tensor dy, {_BWD_TENSORS}, {_BWD_FLAGS}, {_PLAN}) -> (Tensor, Tensor, Tensor, Tensor)",
+    _bwd_op_fake,
+    f"(Tensor dy, {_BWD_TENSORS}, {_BWD_FLAGS}, {_PLAN}) -> (Tensor, Tensor, Tensor, Tensor)",
 )
-norm_bwd.register_fake(_bwd_op_fake)
-norm_bwd_inplace = torch.library.custom_op(
+norm_bwd_inplace = _custom_op(
     "lnblocks::norm_bwd_inplace",
     _bwd_op_inplace_impl,
+    _bwd_op_inplace_fake,
+    f"(Tensor(a!) dy, {_BWD_TENSORS}, {_BWD_FLAGS}, {_PLAN}) -> (Tensor, Tensor, Tensor)",
     mutates_args=("dy",),
-    schema=f"(Tensor(a!) dy, {_BWD_TENSORS}, {_BWD_FLAGS}, {_PLAN}) -> (Tensor, Tensor, Tensor)",
 )
-norm_bwd_inplace.register_fake(_bwd_op_inplace_fake)
 
 
 # ---- autograd ----------------------------------------------------------------------------------------------------

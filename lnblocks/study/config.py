@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int
 from lnblocks.study.corpus.config import CORPUS_SOURCES, CorpusConfig
@@ -330,8 +330,34 @@ SECTIONS: dict[str, type[Config]] = {
 }
 
 
+_Run = TypeVar("_Run", bound="LabelledRun")
+
+
+class LabelledRun:
+    """What every task's run config shares: ``labels`` (grid axis -> value label, for tables; not hashed) and an id
+    hashed from ``to_dict()``, the resolved config."""
+
+    labels: tuple[tuple[str, str], ...]
+
+    def with_labels(self: _Run, labels: tuple[tuple[str, str], ...]) -> _Run:
+        return dataclasses.replace(self, labels=labels)
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.to_dict())
+
+    @property
+    def run_id(self) -> str:
+        """``<readable labels>-<10 hex of sha256(resolved config)>``: stable across sessions and machines."""
+        return run_id(self.labels, self.hash)
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
 @dataclass(frozen=True, kw_only=True)
-class RunConfig(Config):
+class RunConfig(LabelledRun, Config):
     """One grid point: the four sections, plus ``labels`` (grid axis -> value label, for tables; not hashed)."""
 
     data: DataConfig = field(default_factory=DataConfig)
@@ -360,22 +386,6 @@ class RunConfig(Config):
     def to_dict(self) -> dict[str, Any]:
         """The resolved config (every field, defaults included): what the run record stores and the id hashes."""
         return {k: getattr(self, k).to_dict() for k in SECTIONS}
-
-    def with_labels(self, labels: tuple[tuple[str, str], ...]) -> RunConfig:
-        return dataclasses.replace(self, labels=labels)
-
-    @property
-    def hash(self) -> str:
-        return config_hash(self.to_dict())
-
-    @property
-    def run_id(self) -> str:
-        """``<readable labels>-<10 hex of sha256(resolved config)>``: stable across sessions and machines."""
-        return run_id(self.labels, self.hash)
-
-    @property
-    def label_dict(self) -> dict[str, str]:
-        return dict(self.labels)
 
     @property
     def threads(self) -> int:

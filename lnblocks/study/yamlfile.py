@@ -55,32 +55,29 @@ def _loader_class() -> type:
     return StrictLoader
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse one YAML file with the strict loader; syntax errors become ``StudyFileError`` naming the file."""
-    yaml = require("yaml")
-    text = Path(path).read_text()
-    loader = _loader_class()(text)
-    loader.name = str(path)
-    try:
-        return loader.get_single_data()
-    except yaml.YAMLError as err:
-        raise StudyFileError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
-    finally:
-        loader.dispose()
-
-
-def parse_value(text: str, where: str = "value") -> Any:
-    """One YAML value from the command line (``--set key=VALUE``), read as in a study file: ``3``, ``1e-3``, ``true``,
-    ``null``, ``[pre, post]``, ``{name: adam}``, or a plain string; ``StudyFileError`` naming ``where`` if invalid."""
+def _parse(text: str, where: str, invalid: str) -> Any:
+    """The one YAML document in ``text``, read with the strict loader; a syntax error becomes ``StudyFileError``
+    ``"<where>: <invalid>: <the parser's message>"``."""
     yaml = require("yaml")
     loader = _loader_class()(text)
     loader.name = where
     try:
         return loader.get_single_data()
     except yaml.YAMLError as err:
-        raise StudyFileError(f"{where}: not a valid YAML value: {' '.join(str(err).split())}") from None
+        raise StudyFileError(f"{where}: {invalid}: {' '.join(str(err).split())}") from None
     finally:
         loader.dispose()
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse one YAML file with the strict loader; syntax errors become ``StudyFileError`` naming the file."""
+    return _parse(Path(path).read_text(), str(path), "not valid YAML")
+
+
+def parse_value(text: str, where: str = "value") -> Any:
+    """One YAML value from the command line (``--set key=VALUE``), read as in a study file: ``3``, ``1e-3``, ``true``,
+    ``null``, ``[pre, post]``, ``{name: adam}``, or a plain string; ``StudyFileError`` naming ``where`` if invalid."""
+    return _parse(text, where, "not a valid YAML value")
 
 
 def read_mapping(path: Path, what: str = "a study config") -> dict[str, Any]:

@@ -231,39 +231,25 @@ def test_device_hooks_are_kept_in_both_orders(hook_first):
     assert calls  # the hook is still in place after unpatching
 
 
-def _eps_zero_model(family: str) -> nn.Module:
+_EPS_ZERO_SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "model_cls", "eps_key", "n_norms"),
+    [("BertConfig", "BertForMaskedLM", "layer_norm_eps", 6), ("LlamaConfig", "LlamaForCausalLM", "rms_norm_eps", 5)],
+    ids=["bert", "llama"],
+)
+def test_eps_zero_models_patch_and_give_hf_numbers(config_cls: str, model_cls: str, eps_key: str, n_norms: int) -> None:
+    """torch and HF accept eps=0 (BERT layer_norm_eps=0, Llama rms_norm_eps=0.0); so does the patcher, exactly."""
     import transformers
 
-    if family == "bert":
-        config = transformers.BertConfig(
-            vocab_size=96,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            layer_norm_eps=0.0,
-        )
-        return transformers.BertForMaskedLM(config).eval()
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        rms_norm_eps=0.0,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
-
-
-@pytest.mark.parametrize("family", ["bert", "llama"])
-def test_eps_zero_models_patch_and_give_hf_numbers(family):
-    """torch and HF accept eps=0 (BERT layer_norm_eps=0, Llama rms_norm_eps=0.0); so does the patcher, exactly."""
     torch.manual_seed(0)
-    model = _eps_zero_model(family)
+    config = getattr(transformers, config_cls)(**_EPS_ZERO_SIZES, **{eps_key: 0.0})
+    model = getattr(transformers, model_cls)(config).eval()
     batch = {"input_ids": torch.randint(3, 96, (2, 12))}
     expected = _logits(model, batch)
     report = patch_norms(model, backend="torch")
-    assert len(report.patched) == (6 if family == "bert" else 5) and "eps=0" in str(report)
+    assert len(report.patched) == n_norms and "eps=0" in str(report)
     assert torch.equal(_logits(model, batch), expected)
 
 

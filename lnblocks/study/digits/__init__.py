@@ -33,7 +33,7 @@ def check_key(key: str, where: str) -> None:
 
 
 def make_run(tree: dict[str, Any], labels: tuple[tuple[str, str], ...]) -> DigitsRunConfig:
-    return dataclasses.replace(DigitsRunConfig.from_dict(tree), labels=labels)
+    return DigitsRunConfig.from_dict(tree).with_labels(labels)
 
 
 def study_config(cfg: DigitsStudyConfig, *, name: str, description: str = "", source: str = "") -> StudyConfig:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lnblocks.config import Config, ConfigTypeError, ConfigValueError, check_choice, check_float, check_int
-from lnblocks.study.config import MAX_SEED, check_seed, config_hash, run_id
+from lnblocks.study.config import MAX_SEED, LabelledRun, check_seed
 
 # The arms: what each block's conv3x3-norm-ReLU becomes is in lnblocks.study.digits.arms (one recipe per kind).
 NORM_LABELS = {
@@ -131,7 +131,7 @@ class DigitsStudyConfig(DigitsSettings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DigitsRunConfig(DigitsSettings):
+class DigitsRunConfig(LabelledRun, DigitsSettings):
     """One grid point: a norm, a batch size and a seed, with the study's settings."""
 
     norm: str = "batch"
@@ -151,18 +151,6 @@ class DigitsRunConfig(DigitsSettings):
     @classmethod
     def field_names(cls) -> list[str]:
         return [n for n in super().field_names() if n != "labels"]
-
-    @property
-    def hash(self) -> str:
-        return config_hash(self.to_dict())
-
-    @property
-    def run_id(self) -> str:
-        return run_id(self.labels, self.hash)
-
-    @property
-    def label_dict(self) -> dict[str, str]:
-        return dict(self.labels)
 
     @property
     def cost(self) -> float:

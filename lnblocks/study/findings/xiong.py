@@ -184,19 +184,9 @@ def trained_claims(rows: list[dict[str, Any]], pre: str, post: str) -> list[Clai
     )
 
     warm = sorted({r["warmup"] for r in rows if r["arch"] == post})
+    x8 = "Warmup raises Post-LN's largest stable LR"
     if len(warm) < 2:
-        out.append(
-            judged(
-                "X8",
-                "Warmup raises Post-LN's largest stable LR",
-                PAPER,
-                None,
-                ">",
-                None,
-                "",
-                none_why="the grid has one warmup",
-            )
-        )
+        out.append(judged("X8", x8, PAPER, None, ">", None, "", none_why="the grid has one warmup"))
         return out
     w0, w1 = warm[0], warm[-1]
     keyed = {(d, lr, s): r for (d, lr, w, s), r in by.items() if w == w0}
@@ -208,7 +198,7 @@ def trained_claims(rows: list[dict[str, Any]], pre: str, post: str) -> list[Clai
         + discordant_text(est, ties, total, "the warmed-up run trained where the other did not")
         + f". {SHARE_RULE}."
     )
-    out.append(judged("X8", "Warmup raises Post-LN's largest stable LR", PAPER, est, ">", None, text))
+    out.append(judged("X8", x8, PAPER, est, ">", None, text))
     return out
 
 
