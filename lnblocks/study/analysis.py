@@ -112,7 +112,8 @@ def run_row(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
 
 def gradient_profile(records: list[RunRecord], group: str = "W_2") -> dict[tuple[str, int], dict[str, Any]]:
     """Per (arch, depth): the init expected-gradient norm of ``group`` by layer, averaged over runs (seeds etc.:
-    init does not depend on LR or warmup), and its last/first ratio (Xiong et al. 2020, Fig. 3)."""
+    init does not depend on LR or warmup), and its last/first ratio (Xiong et al. 2020, Fig. 3; ``None`` where the
+    first layer has no gradient at init)."""
     acc: dict[tuple[str, int], list[list[float]]] = defaultdict(list)
     seen: set[tuple[str, int, int]] = set()
     for rec in records:
@@ -128,7 +129,8 @@ def gradient_profile(records: list[RunRecord], group: str = "W_2") -> dict[tuple
     out = {}
     for key, profs in sorted(acc.items()):
         layers = [mean([p[i] for p in profs]) for i in range(len(profs[0]))]
-        out[key] = {"layers": layers, "ratio": layers[-1] / layers[0], "last": layers[-1], "n": len(profs)}
+        ratio = layers[-1] / layers[0] if layers[0] > 0 else None  # None: no gradient at init (ReZero's zero gates)
+        out[key] = {"layers": layers, "ratio": ratio, "last": layers[-1], "n": len(profs)}
     return out
 
 

@@ -70,12 +70,13 @@ def grad_profile_plot(records: list[RunRecord], path: Path) -> Path | None:
     fig, axes = _axes(1, len(depths))
     for ax, depth in zip(axes[0], depths):
         for (arch, d), p in prof.items():
-            if d == depth:
+            if d == depth and p["ratio"] is not None:  # an arm with no gradient at init has nothing to draw (log y)
                 ax.plot(range(1, d + 1), p["layers"], "o-", color=colors[arch], label=f"{arch} ({p['ratio']:.2f}x)")
         ax.set_title(f"L = {depth}: ||grad W_2|| at init")
         ax.set_xlabel("layer")
         ax.set_yscale("log")
-        ax.legend(fontsize=7, title="arch (last/first)", title_fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, title="arch (last/first)", title_fontsize=7)
     axes[0][0].set_ylabel("expected gradient norm")
     return _save(fig, path)
 

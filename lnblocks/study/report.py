@@ -123,9 +123,10 @@ def profile_table(profiles: list[InitProfile]) -> list[str]:
         if not p.w2:
             continue
         layers = [mean([w[i] for w in p.w2]) for i in range(p.depth)]
-        ratio = mean([w[-1] / w[0] for w in p.w2 if w[0] > 0])
+        ratios = [w[-1] / w[0] for w in p.w2 if w[0] > 0]  # none where the arm has no gradient at init (ReZero)
+        ratio = f"{mean(ratios):.2f}" if ratios else "n/a"
         profile = " ".join(f"{v:.3f}" for v in layers)
-        lines.append(f"| {p.arch} | {p.depth} | {len(p.seeds)} | {profile} | {ratio:.2f} |")
+        lines.append(f"| {p.arch} | {p.depth} | {len(p.seeds)} | {profile} | {ratio} |")
     return lines
 
 

@@ -99,6 +99,23 @@ def test_gradient_profile_counts_each_init_once() -> None:
     assert len(prof[("pre", 3)]["layers"]) == 3
 
 
+def test_gradient_profile_of_an_arm_without_init_gradient(tmp_path: Path) -> None:
+    """ReZero's zero gates give W_2 no gradient at init: the profile has no last/first ratio (it once divided by
+    zero and crashed the report of configs/placements.yaml), the plot skips it and the table says n/a."""
+    from lnblocks.study.init_profile import InitProfile
+    from lnblocks.study.plots import grad_profile_plot
+    from lnblocks.study.report import profile_table
+
+    rezero = record("rezero", 3, 1e-3, 0, 0, 2.5)
+    rezero.result.init_grad["expected"]["W_2"] = [0.0, 0.0, 0.0]
+    prof = gradient_profile([rezero, record("pre", 3, 1e-3, 0, 0, 2.5, ratio=0.5)])
+    assert prof[("rezero", 3)]["ratio"] is None and prof[("pre", 3)]["ratio"] == pytest.approx(0.5)
+    pytest.importorskip("matplotlib")
+    assert grad_profile_plot([rezero], tmp_path / "g.png") is not None
+    zero = InitProfile(arch="rezero", depth=3, seeds=[0, 1], grad={"W_2": [[0.0] * 3] * 2})
+    assert profile_table([zero])[-1].endswith("| n/a |")
+
+
 def test_sensitivity_and_warmup_tables() -> None:
     rows = [run_row(r, ANALYSIS) for r in pilot_records({("post", 12, 0): (None, 3.35)})]
     sens = {(t["arch"], t["depth"], t["warmup"]): t for t in sensitivity_table(rows, ANALYSIS)}
