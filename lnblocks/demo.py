@@ -25,7 +25,7 @@ def main(out_dir: str | Path = OUT, workers: int | None = None) -> int:
     workers = workers or max(1, min(os.cpu_count() or 1, 8))
     print(
         f"lnblocks demo: Pre-LN vs Post-LN warmup sensitivity and gradient norms across depth\n"
-        f"config {CONFIG.name}, {workers} worker(s), results in {out_dir}/ (about 7 min on 2 idle CPU cores)\n",
+        f"config {CONFIG.name}, {workers} worker(s), results in {out_dir}/ (about 6 min on 2 idle CPU cores)\n",
         flush=True,
     )
     code = run_study(CONFIG, out_dir, workers=workers)
