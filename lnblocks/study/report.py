@@ -297,6 +297,7 @@ def build_lm_report(
     if echo:
         print("\n".join(lr_table(rows)))
         for f in findings:
-            print(f"- {f.id} {f.title}: {f.status}" + (f" ({f.estimate})" if f.estimate else ""))
+            settle = f"; would settle it: {f.settle()}" if f.settle() else ""
+            print(f"- {f.id} {f.title}: {f.status}" + (f" ({f.estimate}{settle})" if f.estimate else ""))
         print(f"report: {out / 'report.md'}  summary: {out / 'summary.csv'}  plots: {out / 'plots'}")
     return 0
