@@ -136,8 +136,10 @@ def _drop_from_extra_grids(out: dict[str, Any], axis: str) -> None:
     if not isinstance(extra, list):
         return
     kept = [{k: v for k, v in g.items() if k != axis} if isinstance(g, dict) else g for g in extra]
-    out["extra_grids"] = [g for g in kept if g != {}] or None
-    if out["extra_grids"] is None:
+    kept = [g for g in kept if g != {}]
+    if kept:
+        out["extra_grids"] = kept
+    else:
         del out["extra_grids"]
 
 
