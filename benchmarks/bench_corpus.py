@@ -1,4 +1,4 @@
-"""Cost of the user-corpus path (``lnblocks.study.corpus``), as ratios against the plain alternative in one run:
+"""Cost of the user-corpus path (``lnblocks.study.lm.corpus``), as ratios against the plain alternative in one run:
 
 - tokenizing: ``prepare`` of the 42 modern Shakespeare texts (line-aligned pieces, ``encode_batch``, token counts,
   atomic cache write) against ``Tokenizer.encode_batch`` of the same whole files held in memory, for a byte-level
@@ -36,7 +36,7 @@ def bpe_tokenizer(files: list[str], vocab: int, folder: Path) -> Path:
 
 
 def tokenize(files: list[str], tokenizer: str, repeats: int) -> dict[str, float]:
-    from lnblocks.study.corpus import CorpusConfig, prepare
+    from lnblocks.study.lm.corpus import CorpusConfig, prepare_corpus
 
     prep, plain, tokens = [], [], 0
     texts = [Path(f).read_text() for f in files]
@@ -44,7 +44,7 @@ def tokenize(files: list[str], tokenizer: str, repeats: int) -> dict[str, float]
         with tempfile.TemporaryDirectory() as cache:
             cfg = CorpusConfig(source="text", files=tuple(files), tokenizer=tokenizer, cache_dir=cache)
             t0 = time.perf_counter()
-            s = prepare(cfg, show_progress=False)
+            s = prepare_corpus(cfg, show_progress=False)
             prep.append(time.perf_counter() - t0)
             tokens = s.train_tokens + s.val_tokens
         if tokenizer != "bytes":
@@ -67,7 +67,7 @@ def batches(seq_len: int, batch: int, repeats: int) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from lnblocks.study.corpus import TokenFileSource
+    from lnblocks.study.lm.corpus import TokenFileSource
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50257, size=20_000_000).astype(np.uint16)  # 40 MB

@@ -41,7 +41,7 @@ def _cmd_patch_check(args: argparse.Namespace) -> int:
 
 def _overrides(pairs: list[str] | None) -> dict[str, object]:
     """``--set key=value`` pairs -> ``{dotted key: value}``, values read as YAML (``1e-3``, ``[pre, post]``)."""
-    from lnblocks.study.yamlfile import parse_value
+    from lnblocks.study.core.studyfile import parse_value
 
     out: dict[str, object] = {}
     for pair in pairs or []:
@@ -56,7 +56,7 @@ def _overrides(pairs: list[str] | None) -> dict[str, object]:
 
 
 def _cmd_study_run(args: argparse.Namespace) -> int:
-    from lnblocks.study.runner import run_study
+    from lnblocks.study.core.runner import run_study
 
     return run_study(
         args.config,
@@ -69,13 +69,13 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
-    from lnblocks.study.prepare import prepare_study_data
+    from lnblocks.study.lm.data import data_prepare_command
 
-    return prepare_study_data(args.config, _overrides(args.set))
+    return data_prepare_command(args.config, _overrides(args.set))
 
 
 def _cmd_study_report(args: argparse.Namespace) -> int:
-    from lnblocks.study.report import build_report
+    from lnblocks.study.core.report import build_report
 
     return build_report(args.out)
 
@@ -123,9 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
     run.add_argument(
         "--executor",
-        choices=["local", "ray"],
+        choices=["local", "ray", "torchrun"],
         default="local",
-        help="local: this machine (--workers processes); ray: one Ray task per run (pip install 'lnblocks[ray]')",
+        help="local: this machine (--workers processes); ray: one Ray task per run (pip install 'lnblocks[ray]'); "
+        "torchrun: every run with DDP over the ranks (what local means when launched by torchrun)",
     )
     run.add_argument(
         "--ray-address",

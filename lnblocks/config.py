@@ -42,9 +42,6 @@ class ConfigError(Exception):
         return type(self)(f"{prefix}.{self.key}" if self.key else prefix, self.detail)
 
 
-_KeyedError = ConfigError  # the name this class had first
-
-
 class ConfigValueError(ConfigError, ValueError):
     """Unknown key, or a value out of range / not among the choices."""
 

@@ -2,7 +2,7 @@
 
 Statistics per sample over each group of ``num_channels // num_groups`` channels and all spatial positions:
 ``normalize(x, dims=(1, 2, 3), groups=num_groups)``. No batch statistics, so no train/eval difference and no
-dependence on the batch size -- the property the digits study (``lnblocks.cnn.digits_study``) checks.
+dependence on the batch size -- the property the digits study (``lnblocks.study.digits``) checks.
 ``num_groups=1`` is LayerNorm over (C, H, W); ``num_groups=num_channels`` is InstanceNorm with a per-channel affine.
 The arithmetic is the native kernel (``F.group_norm``), equal to ``normalize`` within rounding (tested) and about
 10x faster on CPU.

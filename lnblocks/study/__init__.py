@@ -1,52 +1,61 @@
 """Experiments on lnblocks' norms: a study file (YAML grid) -> one run per grid point -> typed run records -> report.
 
-One runner serves every kind of experiment (a *task*): ``lm``, the Pre-LN vs Post-LN placement study of
-language models (``configs/xiong2020_quick.yaml``, the demo), and ``cnn_digits``, the CNN small-batch study
-(``configs/cnn_digits.yaml``). ``load_study(path, overrides=...)`` validates a study file, ``run_study(config,
-out_dir, workers, executor="local" | "ray")`` trains what has no valid record yet (on this machine or as Ray tasks)
-and builds the report, ``build_report(out_dir)`` rebuilds the report from the records alone. Runs train on the
-built-in sources or the user's corpus (``lnblocks.study.corpus``), with curves in TensorBoard
-(``lnblocks.study.tracking``). ``train_run(RunConfig)`` is one run of the ``lm`` task; ``RunRecord`` is what every
-run produces. The library (norms, kernels, blocks, models, hf, cnn) never imports this package.
+Three parts with one-way imports: ``core`` (study files, ``StudyConfig``, the task registry, the one run loop and its
+executors: local pool, Ray, torchrun; run records, statistics, claims) knows no task; the tasks ``lm`` (the Pre-LN
+vs Post-LN placement study of language models: ``configs/xiong2020_quick.yaml``, the demo) and ``digits`` (task
+``cnn_digits``, the CNN small-batch study: ``configs/cnn_digits.yaml``) import the core and the library, never each
+other. The library (norms, kernels, blocks, models, hf, cnn) never imports this package.
+
+``load_study(path, overrides=...)`` validates a study file, ``run_study(config, out_dir, workers, executor="local" |
+"ray")`` trains what has no valid record yet and builds the report, ``build_report(out_dir)`` rebuilds the report
+from the records alone; ``train_run(RunConfig)`` is one run of the ``lm`` task, ``RunRecord`` what every run
+produces. The names below load on first use.
 """
 
-from lnblocks.study.config import (
-    AnalysisConfig,
-    DataConfig,
-    DiagnosticsConfig,
-    ModelConfig,
-    OptimizerConfig,
-    RunConfig,
-    TrainConfig,
-)
-from lnblocks.study.grid import StudyConfig, load_study, study_from_dict
-from lnblocks.study.metrics import DivergenceMonitor, detect_divergence, lr_at, lr_sensitivity, max_stable_lr
-from lnblocks.study.records import RecordError, RunRecord, read_record, write_record
-from lnblocks.study.report import build_report
-from lnblocks.study.runner import run_study
-from lnblocks.study.train import train_run
+from __future__ import annotations
 
-__all__ = [
-    "AnalysisConfig",
-    "DataConfig",
-    "DiagnosticsConfig",
-    "DivergenceMonitor",
-    "ModelConfig",
-    "OptimizerConfig",
-    "RecordError",
-    "RunConfig",
-    "RunRecord",
-    "StudyConfig",
-    "TrainConfig",
-    "build_report",
-    "detect_divergence",
-    "load_study",
-    "lr_at",
-    "lr_sensitivity",
-    "max_stable_lr",
-    "read_record",
-    "run_study",
-    "study_from_dict",
-    "train_run",
-    "write_record",
-]
+import importlib
+from typing import Any
+
+from lnblocks.study.core.tasks import register_task
+
+register_task("lm", "lnblocks.study.lm.task", default=True)
+register_task("cnn_digits", "lnblocks.study.digits.task")
+
+_PUBLIC = {
+    "AnalysisConfig": "lnblocks.study.lm.config",
+    "DataConfig": "lnblocks.study.lm.config",
+    "DiagnosticsConfig": "lnblocks.study.lm.config",
+    "ModelConfig": "lnblocks.study.lm.model_config",
+    "OptimizerConfig": "lnblocks.study.lm.config",
+    "RunConfig": "lnblocks.study.lm.config",
+    "TrainConfig": "lnblocks.study.lm.config",
+    "DivergenceMonitor": "lnblocks.study.lm.metrics",
+    "detect_divergence": "lnblocks.study.lm.metrics",
+    "lr_sensitivity": "lnblocks.study.lm.metrics",
+    "max_stable_lr": "lnblocks.study.lm.metrics",
+    "lr_at": "lnblocks.study.lm.train",
+    "train_run": "lnblocks.study.lm.train",
+    "StudyConfig": "lnblocks.study.core.study_config",
+    "load_study": "lnblocks.study.core.study_config",
+    "study_from_dict": "lnblocks.study.core.study_config",
+    "RecordError": "lnblocks.study.core.records",
+    "RunRecord": "lnblocks.study.core.records",
+    "read_record": "lnblocks.study.core.records",
+    "write_record": "lnblocks.study.core.records",
+    "build_report": "lnblocks.study.core.report",
+    "run_study": "lnblocks.study.core.runner",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'lnblocks.study' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lnblocks.study import RunConfig, StudyConfig, load_study, train_run
-from lnblocks.study.config import ModelConfig, TrainConfig
+from lnblocks.study.lm.config import ModelConfig, TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

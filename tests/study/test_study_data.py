@@ -8,8 +8,9 @@ from importlib import resources
 import pytest
 import torch
 
-from lnblocks.study.config import DataConfig
-from lnblocks.study.data import MarkovChain, ShakespeareBytes, shakespeare_files, shakespeare_split, unigram_loss
+from lnblocks.study.lm.config import DataConfig
+from lnblocks.study.lm.data import MarkovChain, ShakespeareBytes, shakespeare_files, shakespeare_split
+from lnblocks.study.lm.source import unigram_loss
 
 
 def test_shakespeare_files_are_the_42_modern_texts() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from lnblocks.cli import main as cli_main
-from lnblocks.cnn.digits_study import main
 from lnblocks.study import load_study, run_study
-from lnblocks.study.digits import DigitsRunConfig, DigitsStudyConfig, study_config
+from lnblocks.study.digits.config import DigitsRunConfig, DigitsSettings, DigitsStudyConfig
+from lnblocks.study.digits.task import digits_study
 from lnblocks.study.digits.train import load_digits_data, schedule, train_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,8 @@ TINY = {"norms": ["batch", "group"], "batch_sizes": [2, 8], "seeds": [0], "epoch
 
 def test_checked_in_config_is_the_default_and_validates() -> None:
     study = load_study(REPO / "configs" / "cnn_digits.yaml")
-    assert study.task == "cnn_digits" and study.analysis == DigitsStudyConfig()
+    assert study.task == "cnn_digits" and study.analysis is None  # the digits config is the runs' options and grid
+    assert DigitsSettings.from_dict(study.options) == DigitsSettings()
     assert len(study.runs()) == 13 * 5 * 3
     with pytest.raises(ValueError, match=r"batch_size is not a config key; valid keys of DigitsStudyConfig"):
         DigitsStudyConfig.from_dict({"batch_size": 4})
@@ -42,7 +43,7 @@ def test_checked_in_config_is_the_default_and_validates() -> None:
     with pytest.raises(ValueError, match="wn_init_images must be >= 1"):
         DigitsStudyConfig(wn_init_images=0)
     quick = DigitsStudyConfig().quick()
-    full, small = study_config(DigitsStudyConfig(), name="a"), study_config(quick, name="a")
+    full, small = digits_study(DigitsStudyConfig(), name="a"), digits_study(quick, name="a")
     assert quick.seeds == (0,) and full.runs()[0].run_id != small.runs()[0].run_id
 
 
@@ -87,13 +88,16 @@ def test_cli_end_to_end_resume_and_corrupt_record(tmp_path: Path, capsys: pytest
     assert (out / "accuracy_vs_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
     assert "| BatchNorm |" in report and "accuracy_vs_batch.png" in report
-    assert "Singh & Krishnan (2019): FRN + TLU is batch-independent: INCONCLUSIVE.** Not assessed" in report
+    assert "Singh & Krishnan (2019): FRN + TLU is batch-independent: NOT TESTED.** Not tested" in report
+    assert json.loads((out / "config.json").read_text())["seeds"] == [0]
     files = sorted((out / "runs").glob("*.json"))
     assert len(files) == 4
     # issue 10, item 8: an emptied record (a crash mid-write by another tool) is redone, not a JSONDecodeError
     victim, before = files[0], files[0].read_text()
     victim.write_text("")
-    assert main(["--config", str(config), "--out", str(out), "--no-progress"]) == 0  # the old entry point
+    assert cli_main(["study", "report", str(out)]) == 0  # the report names the bad record, built from the rest
+    assert "is empty" in capsys.readouterr().err
+    assert cli_main(["study", "run", str(config), "--out", str(out)]) == 0
     printed = capsys.readouterr()
     assert "4 runs, 3 already finished, 1 to run" in printed.out and "is empty" in printed.err
     redone = json.loads(victim.read_text())

@@ -1,5 +1,6 @@
-"""The digits report's statistics and verdicts on synthetic results with known answers: the t-interval against
-published t-table values and a hand computation, and each claim on flat, batch-dependent and noisy numbers."""
+"""The digits report's statistics and verdicts on synthetic results with known answers: the study's t-intervals
+(``core.stats``) against published t-table values and a hand computation of Welch's interval, and each claim on
+flat, batch-dependent and noisy numbers."""
 
 from __future__ import annotations
 
@@ -8,22 +9,12 @@ import math
 
 import pytest
 
-from lnblocks.study.digits.claims import (
-    INCONCLUSIVE,
-    NOT_REPRODUCED,
-    REPRODUCED,
-    claims,
-    diff_interval,
-    flat,
-    mean_interval,
-    normalizer_free,
-    switch_weight_table,
-    switchable,
-    t_quantile,
-    wu_he,
-)
+from lnblocks.study.core.claims import Outcome
+from lnblocks.study.core.stats import mean_interval, t_ppf, welch_difference
+from lnblocks.study.digits.claims import claims, flat, normalizer_free, switch_weight_table, switchable, wu_he
 from lnblocks.study.digits.report import markdown_table, summarize
 
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = Outcome.REPRODUCED, Outcome.DID_NOT_REPRODUCE, Outcome.INCONCLUSIVE
 SIZES = (2, 4, 8, 16, 32)
 TIGHT = (-0.1, 0.0, 0.1)  # seed offsets: a 95% interval of a difference of about +-0.2 pp
 NOISY = (-3.0, 0.0, 3.0)
@@ -48,19 +39,19 @@ def _falling(norm: str) -> list[dict]:  # 5 pp lower at batch 2, 2 pp lower at b
 def test_t_quantile_and_intervals_match_the_table_and_a_hand_computation() -> None:
     # closed forms: df=1 (Cauchy) tan(pi (p - 1/2)); df=2 (2p - 1) / sqrt(2 p (1 - p)); the t table for 4, 10, 30
     t2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
-    assert math.isclose(t_quantile(0.975, 1), math.tan(math.pi * 0.475), rel_tol=1e-12)
-    assert math.isclose(t_quantile(0.975, 2), t2, rel_tol=1e-12)
+    assert math.isclose(t_ppf(0.975, 1), math.tan(math.pi * 0.475), rel_tol=1e-12)
+    assert math.isclose(t_ppf(0.975, 2), t2, rel_tol=1e-12)
     for df, value in ((4, 2.776445), (10, 2.228139), (30, 2.042272)):
-        assert math.isclose(t_quantile(0.975, df), value, rel_tol=1e-6)
-    iv = mean_interval([97.0, 98.0, 99.0])  # mean 98, sd 1, n 3: half = t2 / sqrt(3)
-    assert iv.mean == 98.0 and math.isclose(iv.half, t2 / math.sqrt(3), rel_tol=1e-12)
-    d = diff_interval([1.0, 2.0, 3.0], [0.0, 0.0, 3.0, 5.0])  # Welch by hand: var of the means 1/3, 6/4
+        assert math.isclose(t_ppf(0.975, df), value, rel_tol=1e-6)
+    est = mean_interval([97.0, 98.0, 99.0])  # mean 98, sd 1, n 3: half = t2 / sqrt(3)
+    assert est.value == 98.0 and math.isclose(est.half_width, t2 / math.sqrt(3), rel_tol=1e-12)
+    d = welch_difference([1.0, 2.0, 3.0], [0.0, 0.0, 3.0, 5.0])  # Welch by hand: var of the means 1/3, 6/4
     va, vb = 1.0 / 3, 6.0 / 4
-    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
-    half = t_quantile(0.975, df) * math.sqrt(va + vb)
-    assert math.isclose(d.mean, 0.0, abs_tol=1e-15) and math.isclose(d.hi, half, rel_tol=1e-12)
-    assert math.isinf(mean_interval([5.0]).half) and math.isinf(diff_interval([1.0], [2.0, 3.0]).half)
-    assert diff_interval([1.0, 1.0], [0.0, 0.0]).half == 0.0  # no spread: the point itself
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)  # 4.33...: a fractional df
+    half = t_ppf(0.975, df) * math.sqrt(va + vb)
+    assert math.isclose(d.value, 0.0, abs_tol=1e-15) and math.isclose(d.high, half, rel_tol=1e-12) and d.n == 3
+    assert math.isinf(mean_interval([5.0]).half_width) and math.isinf(welch_difference([1.0], [2.0, 3.0]).half_width)
+    assert welch_difference([1.0, 1.0], [0.0, 0.0]).half_width == 0.0  # no spread: the point itself
 
 
 @pytest.mark.parametrize(
@@ -74,14 +65,14 @@ def test_t_quantile_and_intervals_match_the_table_and_a_hand_computation() -> No
 )
 def test_flat_verdict(rows: list[dict], expected: str) -> None:
     verdict, text = flat(rows, "frn", "FRN + TLU")
-    assert verdict == expected
+    assert verdict.outcome == expected
     assert "n=3 seeds" in text and "batch 2:" in text
 
 
 def test_flat_needs_two_batch_sizes() -> None:
     assert flat(_rows("frn", {8: 99.0}), "frn", "FRN") is None
-    (claim,) = [c for c in claims(_rows("batch", {8: 99.0})) if "FRN" in c.name]
-    assert claim.verdict == INCONCLUSIVE and "Not assessed" in claim.text
+    (claim,) = [c for c in claims(_rows("batch", {8: 99.0})) if "FRN" in c.title]
+    assert claim.verdict is None and claim.status == "NOT TESTED" and "Not tested: the study needs" in claim.text
 
 
 @pytest.mark.parametrize(
@@ -95,7 +86,7 @@ def test_flat_needs_two_batch_sizes() -> None:
 )
 def test_wu_he_verdict(bn: list[dict], gn: list[dict], expected: str) -> None:
     claim = wu_he(bn + gn)
-    assert claim.verdict == expected
+    assert claim.outcome == expected
     assert "BatchNorm" in claim.text and "GroupNorm" in claim.text
 
 
@@ -121,7 +112,7 @@ def _sn_rows(bn_weight: dict[int, tuple[float, ...]]) -> list[dict]:
 def test_switchable_verdict_on_the_learned_bn_weight(weights: dict, expected: str) -> None:
     rows = _sn_rows(weights)
     claim = switchable(rows)
-    assert claim.verdict == expected
+    assert claim.outcome == expected
     assert f"batch 2: {sum(weights[2]) / 3:.2f}" in claim.text
     table = switch_weight_table(rows)
     assert table.count("\n") == 2 + 2 * 2 - 1  # header, rule, a row per (batch, layer)
@@ -130,7 +121,7 @@ def test_switchable_verdict_on_the_learned_bn_weight(weights: dict, expected: st
 
 def test_switchable_without_weights_is_not_assessed() -> None:
     rows = _rows("switchable", {2: 99.0, 32: 99.0}, switch_weights="")
-    assert switchable(rows).verdict == INCONCLUSIVE and switch_weight_table(rows) == ""
+    assert switchable(rows).verdict is None and switch_weight_table(rows) == ""
 
 
 @pytest.mark.parametrize(
@@ -140,13 +131,13 @@ def test_switchable_without_weights_is_not_assessed() -> None:
 def test_normalizer_free_verdict(nf_level: float, offsets: tuple, expected: str) -> None:
     rows = _flat("batch", 99.0) + _rows("nf", dict.fromkeys(SIZES, nf_level), offsets, agc_grad_ratio=0.25)
     claim = normalizer_free(rows)
-    assert claim.verdict == expected and "AGC kept" in claim.text and "batch 32: 0.25" in claim.text
+    assert claim.outcome == expected and "AGC kept" in claim.text and "batch 32: 0.25" in claim.text
 
 
 def test_claims_and_table_on_a_whole_synthetic_study() -> None:
     rows = _falling("batch") + _flat("group") + _flat("frn") + _falling("evonorm_s0") + _flat("nf")
     rows += _sn_rows({2: (0.10, 0.12, 0.11), 32: (0.50, 0.52, 0.51)})
-    verdicts = {c.name.split(":")[0]: c.verdict for c in claims(rows)}
+    verdicts = {c.title.split(":")[0]: c.outcome for c in claims(rows)}
     assert verdicts == {
         "Wu & He (2018)": REPRODUCED,
         "Singh & Krishnan (2019)": REPRODUCED,

@@ -8,7 +8,7 @@ import csv
 from pathlib import Path
 
 from lnblocks.study import load_study
-from lnblocks.study.digits.claims import claims, switch_weight_table
+from lnblocks.study.digits.claims import claim_line, claims, switch_weight_table
 from lnblocks.study.digits.report import markdown_table, summarize
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,4 +24,4 @@ def test_readme_small_batch_section_is_the_reports_output() -> None:
     assert markdown_table(summarize(rows)) in section
     assert switch_weight_table(rows) in section
     for claim in claims(rows):
-        assert claim.line() in section, f"README lacks the report's line:\n{claim.line()}"
+        assert claim_line(claim) in section, f"README lacks the report's line:\n{claim_line(claim)}"

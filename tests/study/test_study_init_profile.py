@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from lnblocks.study import RunConfig, train_run
-from lnblocks.study import init_profile as ip
-from lnblocks.study.config import InitProfileConfig
+from lnblocks.study.lm import init_profile as ip
+from lnblocks.study.lm.config import InitProfileConfig
 
 BASE = {
     "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 1},

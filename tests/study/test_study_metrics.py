@@ -6,16 +6,16 @@ import math
 
 import pytest
 
-from lnblocks.study.metrics import (
+from lnblocks.study.lm.metrics import (
     DivergenceMonitor,
     capped,
     classify,
     detect_divergence,
     log_slope,
-    lr_at,
     lr_sensitivity,
     max_stable_lr,
 )
+from lnblocks.study.lm.train import lr_at
 
 
 @pytest.mark.parametrize(

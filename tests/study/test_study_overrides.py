@@ -13,7 +13,7 @@ from lnblocks.cli import _overrides
 from lnblocks.cli import main as cli_main
 from lnblocks.config import ConfigValueError
 from lnblocks.study import load_study
-from lnblocks.study.yamlfile import StudyFileError, parse_value
+from lnblocks.study.core.studyfile import StudyFileError, parse_value
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"

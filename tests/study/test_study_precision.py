@@ -1,7 +1,7 @@
 """GPU-sized runs on the CPU (issue 12, item 2): ``train.dtype`` bf16/fp16 autocast (fp16 with a GradScaler whose
 grads are unscaled before diagnostics), ``train.grad_accum`` (the same batch fed as micro-batches: the same data and,
-up to float summation order, the same maths), ``train.compile``, the older ``amp_dtype`` key, and the norm and
-attention backends that actually ran written into the record."""
+up to float summation order, the same maths), ``train.compile``, and the norm and attention backends that actually
+ran written into the record."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 
 from lnblocks.config import ConfigValueError
 from lnblocks.study import RunConfig, train_run
-from lnblocks.study.config import TrainConfig
-from lnblocks.study.train import Precision, forward_backward
+from lnblocks.study.lm.config import TrainConfig
+from lnblocks.study.lm.train import Precision, forward_backward
 
 BASE = {
     "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 1},
@@ -97,13 +97,11 @@ def test_grad_accum_must_divide_the_batch() -> None:
         RunConfig.from_dict({**BASE, "train": {"grad_accum": 3}})
 
 
-def test_amp_dtype_is_the_older_spelling_of_dtype() -> None:
-    assert TrainConfig(amp_dtype="bfloat16").dtype == "bf16"
-    assert TrainConfig(amp_dtype="float32").dtype == "fp32"
-    assert "amp_dtype" not in TrainConfig(amp_dtype="bfloat16").to_dict()
-    assert TrainConfig(amp_dtype="bfloat16").to_dict() == TrainConfig(dtype="bf16").to_dict()  # same run id
-    with pytest.raises(ConfigValueError, match=r"amp_dtype \('bfloat16'\) contradicts dtype='fp16'"):
-        TrainConfig(amp_dtype="bfloat16", dtype="fp16")
+def test_dtype_is_the_only_spelling() -> None:
+    """The older key ``train.amp_dtype`` is refused in study files (records that older versions wrote with it still
+    load: tests/study/test_study_records.py)."""
+    with pytest.raises(ConfigValueError, match=r"amp_dtype is not a config key; valid keys of TrainConfig"):
+        TrainConfig.from_dict({"amp_dtype": "bfloat16"})
     with pytest.raises(ConfigValueError, match=r"dtype must be one of \['fp32', 'bf16', 'fp16'\]"):
         TrainConfig(dtype="float16")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lnblocks.study import load_study, read_record, run_study, train_run
-from lnblocks.study.ray_executor import TASK_PREFIX
+from lnblocks.study.core.ray_executor import TASK_PREFIX
 
 pytest.importorskip("ray")
 pytest.importorskip("tensorboard")

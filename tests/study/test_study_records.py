@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lnblocks.study import build_report, read_record, run_study, study_from_dict
-from lnblocks.study.records import LMResult, RecordError, RunRecord, finite_or_null, write_record
+from lnblocks.study import RunConfig, build_report, read_record, run_study, study_from_dict
+from lnblocks.study.core.atomic import finite_or_null
+from lnblocks.study.core.records import RecordError, RunRecord, write_record
+from lnblocks.study.lm.result import LMResult
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "records_v1"
 ONE_RUN = {
@@ -31,7 +33,7 @@ def lm_record(**result: object) -> RunRecord:
                   initial_loss=2.0, final_train_loss=1.9, eval={"init": 2.0, "final": 1.8, "curve": []},
                   loss=[2.0, 1.9])  # fmt: skip
     return RunRecord(
-        id="x", task="lm", status="finished", labels={}, config=json.loads((FIXTURE / "study.json").read_text()),
+        id="x", task="lm", status="finished", labels={}, config=RunConfig.from_dict(ONE_RUN).to_dict(),
         result=LMResult(**{**fields, **result}), time={"wall_s": 1, "cpu_s": 1, "step_ms": 1}, env={},
     )  # fmt: skip
 
@@ -53,6 +55,34 @@ def test_schema_1_records_load_and_report_as_before(tmp_path: Path) -> None:
     assert len(new) == len(old) == 4 and set(old[0]) <= set(new[0])
     assert [{k: r[k] for k in old[0]} for r in new] == old
     assert "## Findings" in (out / "report.md").read_text()
+
+
+def test_older_config_keys_in_records_read_as_todays(tmp_path: Path) -> None:
+    """Records keep the config their lnblocks wrote: ``model.qkv_init_gain`` and ``train.amp_dtype`` (schema 1, and
+    schema 2 before the keys were renamed) read as ``qkv_init`` / ``dtype``, so the report can rebuild their runs;
+    the config classes refuse the old keys."""
+    v1 = [read_record(p) for p in sorted((FIXTURE / "runs").glob("*.json"))]
+    assert {
+        json.loads(p.read_text())["config"]["model"]["qkv_init_gain"] for p in (FIXTURE / "runs").glob("*.json")
+    } == {1.0}
+    assert {(r.config["model"]["qkv_init"], r.config["train"]["dtype"]) for r in v1} == {("per_matrix", "fp32")}
+    assert all("qkv_init_gain" not in r.config["model"] and "amp_dtype" not in r.config["train"] for r in v1)
+    assert RunConfig.from_dict(v1[0].config).model.qkv_init == "per_matrix"
+    raw = lm_record().to_json()
+    raw["config"]["model"]["qkv_init_gain"] = 2**-0.5
+    del raw["config"]["train"]["dtype"]
+    raw["config"]["train"]["amp_dtype"] = "bfloat16"
+    (tmp_path / "x.json").write_text(json.dumps(raw))
+    back = read_record(tmp_path / "x.json")
+    assert back.config["model"]["qkv_init"] == "stacked" and back.config["train"]["dtype"] == "bf16"
+    raw["config"]["train"]["amp_dtype"] = "float16"
+    (tmp_path / "x.json").write_text(json.dumps(raw))
+    with pytest.raises(
+        RecordError, match=r"x\.json: config\.train\.amp_dtype must be one of \['float32', 'bfloat16'\]"
+    ):
+        read_record(tmp_path / "x.json")
+    with pytest.raises(ValueError, match=r"model\.qkv_init_gain is not a config key"):
+        RunConfig.from_dict({"model": {"qkv_init_gain": 1.0}})
 
 
 def test_round_trip_and_non_finite_numbers_become_null(tmp_path: Path) -> None:

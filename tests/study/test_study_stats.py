@@ -11,10 +11,9 @@ import pytest
 scipy_stats = pytest.importorskip("scipy.stats")
 scipy_special = pytest.importorskip("scipy.special")
 
-from lnblocks.study.stats import (  # noqa: E402
+from lnblocks.study.core.claims import Outcome, Verdict, verdict  # noqa: E402
+from lnblocks.study.core.stats import (  # noqa: E402
     Estimate,
-    Outcome,
-    Verdict,
     agreement,
     beta_ppf,
     betainc,
@@ -30,7 +29,6 @@ from lnblocks.study.stats import (  # noqa: E402
     share,
     slope_over_seeds,
     t_ppf,
-    verdict,
 )
 
 

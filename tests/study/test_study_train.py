@@ -8,7 +8,7 @@ import math
 import pytest
 
 from lnblocks.study import RunConfig, RunRecord, train_run
-from lnblocks.study.metrics import lr_at
+from lnblocks.study.lm.train import lr_at
 
 BASE = {
     "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 1},
@@ -76,7 +76,7 @@ def test_eval_every_adds_points_to_the_eval_curve() -> None:
 
 
 def test_batch_must_split_over_ranks() -> None:
-    from lnblocks.study.train import DistContext
+    from lnblocks.study.core.tasks import DistContext
 
     cfg = RunConfig.from_dict({**BASE, "data": {**BASE["data"], "batch_size": 3}})
     with pytest.raises(ValueError, match=r"batch_size \(3\) must be divisible by the world size \(2\)"):

@@ -6,9 +6,10 @@
   worker takes its place, and the sweep goes on. No shared queue or Manager process that a death could wedge.
   Workers die with the runner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watchdog everywhere).
 
-Every executor trains a run with the run's own pinned thread count (``train.threads``) and flush-to-zero for
-denormals, so a record does not depend on which executor or how many workers trained it. The Ray executor (one task
-per run, ``lnblocks.study.ray_executor``) has the same interface: ``map(jobs, on_result)``.
+Every executor trains a run with ``train_job``: the run's own pinned thread count (``run.threads``) and
+flush-to-zero for denormals, so a record does not depend on which executor or how many workers trained it. The Ray
+executor (one task per run, ``lnblocks.study.core.ray_executor``) and the torchrun executor (every run with DDP over
+the ranks, ``lnblocks.study.core.torchrun``) have the same interface: ``map(jobs, on_result)``.
 """
 
 from __future__ import annotations
@@ -26,29 +27,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
-from lnblocks.config import Config, check_float, check_int
-from lnblocks.study.records import RunRecord
+from lnblocks.study.core.records import RunRecord
+from lnblocks.study.core.tasks import DistContext, RunContext, get_task
 
 MAX_STARTUP_FAILURES = 3
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResourcesConfig(Config):
-    """The ``resources`` section of a study: what one run asks of a Ray cluster (``--executor ray``).
-
-    ``cpus_per_run`` (None: the run's ``train.threads``) and ``gpus_per_run`` (fractions share a GPU) are the Ray
-    task's ``num_cpus`` / ``num_gpus``; ``max_retries``: how often Ray reruns a run whose worker process or node died
-    (a run that raised is recorded as failed, not retried).
-    """
-
-    cpus_per_run: float | None = None
-    gpus_per_run: float = 0.0
-    max_retries: int = 3
-
-    def __post_init__(self) -> None:
-        self._set("cpus_per_run", check_float("cpus_per_run", self.cpus_per_run, lo=0, lo_open=True, allow_none=True))
-        self._set("gpus_per_run", check_float("gpus_per_run", self.gpus_per_run, lo=0))
-        self._set("max_retries", check_int("max_retries", self.max_retries, minimum=0))
 
 
 @dataclass(frozen=True)
@@ -84,24 +66,28 @@ class Executor(Protocol):
         the calling process as each one ends."""
 
 
-def execute(job: Job, position: int = 0) -> Outcome:
-    """Train ``job`` in this process with its pinned thread count; exceptions become an error outcome."""
+def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> RunRecord:
+    """Train ``job`` in this process with its task's ``train``, its pinned thread count and flush-to-zero; the
+    process's thread count and denormal mode are restored afterwards."""
     import torch
 
-    from lnblocks.study.tasks import get_task
-
+    ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist or DistContext())
     threads = torch.get_num_threads()
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
     try:
         torch.set_num_threads(job.run.threads)
-        live = {"tracking": job.tracking, "out_dir": job.out_dir} if job.tracking is not None else {}
-        record = get_task(job.task).train(job.run, show_progress=job.show, position=position, **live)
-        return Outcome(record=record)
-    except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
-        return Outcome(error=traceback.format_exc())
+        return get_task(job.task).train(job.run, ctx)
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)  # torch's default: leave the process as it was
+
+
+def execute(job: Job, position: int = 0) -> Outcome:
+    """``train_job``, with an exception turned into an error outcome (the other runs of the sweep go on)."""
+    try:
+        return Outcome(record=train_job(job, position))
+    except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
+        return Outcome(error=traceback.format_exc())
 
 
 class SerialExecutor:

@@ -1,7 +1,7 @@
 """Runs as Ray tasks (``lnblocks study run CONFIG --executor ray [--ray-address ADDR]``): one task per run, with the
 resources the study's ``resources`` section asks for, on a Ray cluster or a local Ray instance.
 
-Each task trains its run with ``executors.execute`` (the same function the local executors call: pinned
+Each task trains its run with ``core.executors.execute`` (the same function the local executors call: pinned
 ``train.threads``, flush-to-zero), so its record equals the local executor's apart from timing and host fields. The
 record comes back to the driver as the task's return value and the runner writes it (no shared filesystem needed).
 Ray reruns a task whose worker process or node died (``resources.max_retries``); a run that raised comes back as an
@@ -18,13 +18,34 @@ from __future__ import annotations
 import math
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from lnblocks._optional import require
-from lnblocks.study.executors import Job, Outcome, ResourcesConfig, execute
+from lnblocks.config import Config, check_float, check_int
+from lnblocks.study.core.executors import Job, Outcome, execute
 
 POLL_SECONDS = 1.0
 TASK_PREFIX = "lnblocks:"  # Ray shows a running task's process as "ray::lnblocks:<run id>"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourcesConfig(Config):
+    """The ``resources`` section of a study: what one run asks of a Ray cluster (``--executor ray``).
+
+    ``cpus_per_run`` (None: the run's ``train.threads``) and ``gpus_per_run`` (fractions share a GPU) are the Ray
+    task's ``num_cpus`` / ``num_gpus``; ``max_retries``: how often Ray reruns a run whose worker process or node died
+    (a run that raised is recorded as failed, not retried).
+    """
+
+    cpus_per_run: float | None = None
+    gpus_per_run: float = 0.0
+    max_retries: int = 3
+
+    def __post_init__(self) -> None:
+        self._set("cpus_per_run", check_float("cpus_per_run", self.cpus_per_run, lo=0, lo_open=True, allow_none=True))
+        self._set("gpus_per_run", check_float("gpus_per_run", self.gpus_per_run, lo=0))
+        self._set("max_retries", check_int("max_retries", self.max_retries, minimum=0))
 
 
 def _train_remote(job: Job) -> Outcome:

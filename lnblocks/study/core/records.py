@@ -1,40 +1,45 @@
-"""The run record: one typed ``RunRecord`` per finished run, its schema version, validation, atomic read/write.
+"""The run record: one ``RunRecord`` per finished run, an envelope every task shares around the task's own typed
+``result``; its schema version, validation, and reading/writing ``runs/<run id>.json``.
 
-A record is what a task returns for one run and what ``runs/<run id>.json`` holds. The runner writes records and the
-report reads them; both import this module, which imports nothing from the rest of the study (no torch either).
+A record is what a task's ``train`` returns for one run. The runner writes records and the report reads them; the
+result type of each task (``Task.result_type``: a frozen dataclass with ``CONFIG``/``TIME``/``SPEC`` class
+attributes naming the keys to check) comes from the task registry.
 
 JSON layout (schema ``lnblocks.study.run/2``)::
 
-    {"format": "lnblocks.study.run/2", "task": "lm", "id": ..., "status": "finished" | "diverged",
+    {"format": "lnblocks.study.run/2", "task": <task name>, "id": ..., "status": "finished" | "diverged",
      "labels": {grid axis: value label}, "config": {the resolved run config}, "result": {task's measurements},
      "time": {"wall_s", "cpu_s", ...}, "env": {"torch", "device", "threads", "host", "pid", ...}}
 
-Non-finite numbers are stored as ``null`` (JSON has no NaN). Records of schema ``lnblocks.study.run/1`` (written by
-lnblocks before the typed record: the language-model task's measurements at the top level) load as ``task: "lm"``.
-A record that fails validation raises ``RecordError`` naming the file and the dotted key; the runner redoes such runs.
+Non-finite numbers are stored as ``null`` (JSON has no NaN). Every record passes through its task's
+``upgrade_record`` (if any) before it is checked, so a task reads what older versions of it wrote; records of
+schema ``lnblocks.study.run/1`` were written when the study had one task, the default one (measurements at the top
+level), and are that task's to upgrade. A record that fails validation raises ``RecordError`` naming the file and
+the dotted key; the runner redoes such runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
+
+from lnblocks.study.core.atomic import finite_or_null, write_json_atomic
+from lnblocks.study.core.tasks import default_task_name, get_task, task_names
 
 SCHEMA = "lnblocks.study.run/2"
-LEGACY_SCHEMAS = ("lnblocks.study.run/1",)
+SCHEMA_V1 = "lnblocks.study.run/1"
 STATUSES = ("finished", "diverged")
-TMP_MARK = ".tmp-"
 
 _NUM = (int, float)
 
 
 class RecordError(ValueError):
-    """A run record that cannot be used: ``str(err)`` names the file, the dotted key and what is wrong."""
+    """A run record (or another file of a study folder) that cannot be used: ``str(err)`` names the file, the dotted
+    key and what is wrong."""
 
     def __init__(self, source: str, key: str, detail: str) -> None:
         self.source, self.key, self.detail = source, key, detail
@@ -58,8 +63,9 @@ def _get(obj: Mapping[str, Any], dotted: str, source: str, prefix: str = "") -> 
     return node
 
 
-def _check(obj: Mapping[str, Any], spec: Mapping[str, tuple[type, ...] | str], source: str, prefix: str = "") -> None:
-    """``spec``: dotted key -> allowed types (``type(None)`` for null), or ``"num?"`` / ``"num"`` / ``"num[]"``."""
+def check_keys(obj: Mapping[str, Any], spec: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """``spec``: dotted key -> allowed types (``type(None)`` for null), or ``"num?"`` / ``"num"`` / ``"num[]"``;
+    ``RecordError`` naming ``source`` and the first key that is missing or of the wrong type."""
     for key, kind in spec.items():
         value = _get(obj, key, source, prefix)
         full = f"{prefix}{key}"
@@ -83,76 +89,11 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# ---- task results --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LMResult:
-    """The language-model placement study's measurements of one run (see ``lnblocks.study.train``).
-
-    ``loss``: training loss per step; ``eval``: held-out loss ``init``, ``final`` (null when diverged) and
-    ``curve`` ``[[step, loss], ...]``; ``reference``: ``uniform`` (ln V), ``unigram`` (the context-free plateau) and,
-    for the Markov source, ``floor``; ``diagnostics``: one dict per logged step; ``init_grad``: Xiong et al.'s
-    expected gradient at init (or null); ``diverged_reason``: why a diverged run stopped; ``layer_ablation``: the
-    final eval loss ``base`` and, per layer, the eval loss with that block skipped (``skip``), or null.
-    """
-
-    TASK: ClassVar[str] = "lm"
-    # config keys the report reads: checked when a record is loaded
-    CONFIG: ClassVar[dict[str, Any]] = {
-        "data.source": (str,), "data.seq_len": (int,), "data.batch_size": (int,),
-        "model.placement": (str,), "model.depth": (int,), "model.dim": (int,), "model.norm.kind": (str,),
-        "train.lr": "num", "train.warmup": (int,), "train.schedule": (str,), "train.seed": (int,),
-        "train.steps": (int,),
-    }  # fmt: skip
-    TIME: ClassVar[dict[str, Any]] = {"wall_s": "num", "cpu_s": "num", "step_ms": "num"}
-    SPEC: ClassVar[dict[str, Any]] = {
-        "reference.uniform": "num", "reference.unigram": "num", "model": (dict,), "steps_done": (int,),
-        "diverged_step": (int, type(None)), "initial_loss": "num?", "final_train_loss": "num?",
-        "eval.init": "num?", "eval.final": "num?", "eval.curve": (list,), "loss": "num[]", "diagnostics": (list,),
-    }  # fmt: skip
-
-    reference: dict[str, float]
-    model: dict[str, Any]
-    steps_done: int
-    diverged_step: int | None
-    initial_loss: float | None
-    final_train_loss: float | None
-    eval: dict[str, Any]
-    loss: list[float | None]
-    diagnostics: list[dict[str, Any]] = field(default_factory=list)
-    init_grad: dict[str, Any] | None = None
-    diverged_reason: str | None = None
-    layer_ablation: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class DigitsResult:
-    """The CNN small-batch study's measurements of one run (see ``lnblocks.study.digits``): the learning rate used,
-    epochs and SGD steps, the mean train-mode loss of the last epoch, and eval-mode accuracies in percent.
-    ``switch_weights`` (SwitchableNorm arm): per layer, the learned ``{"mean"|"var": {"in"|"ln"|"bn": weight}}`` at
-    the end of training; ``agc_grad_ratio`` (NF arm): mean over steps of the blocks' gradient norm after AGC over
-    before it (1.0: AGC never clipped). Both null for the other arms and absent from older records."""
-
-    TASK: ClassVar[str] = "cnn_digits"
-    CONFIG: ClassVar[dict[str, Any]] = {"norm": (str,), "batch_size": (int,), "seed": (int,)}
-    TIME: ClassVar[dict[str, Any]] = {"wall_s": "num", "cpu_s": "num"}
-    SPEC: ClassVar[dict[str, Any]] = {
-        "lr": "num", "epochs": (int,), "steps": (int,), "final_train_loss": "num?", "train_acc": "num",
-        "test_acc": "num",
-    }  # fmt: skip
-
-    lr: float
-    epochs: int
-    steps: int
-    final_train_loss: float | None
-    train_acc: float
-    test_acc: float
-    switch_weights: list[dict[str, dict[str, float]]] | None = None
-    agc_grad_ratio: float | None = None
-
-
-RESULTS: dict[str, type] = {"lm": LMResult, "cnn_digits": DigitsResult}
+def _check_task(task: Any, source: str) -> type:
+    """The result type of ``task``; ``RecordError`` when no task of that name is registered."""
+    if task not in task_names():
+        raise RecordError(source, "task", f"must be one of {task_names()}, got {task!r}")
+    return get_task(task).result_type
 
 
 # ---- the record ----------------------------------------------------------------------------------------------
@@ -168,16 +109,15 @@ class RunRecord:
     status: str
     labels: dict[str, str]
     config: dict[str, Any]
-    result: Any  # LMResult | DigitsResult
+    result: Any  # the task's result_type
     time: dict[str, Any]
     env: dict[str, Any]
     format: str = SCHEMA
 
     def __post_init__(self) -> None:
-        if self.task not in RESULTS:
-            raise RecordError("", "task", f"must be one of {list(RESULTS)}, got {self.task!r}")
-        if not isinstance(self.result, RESULTS[self.task]):
-            raise RecordError("", "result", f"must be a {RESULTS[self.task].__name__} for task {self.task!r}")
+        kind = _check_task(self.task, "")
+        if not isinstance(self.result, kind):
+            raise RecordError("", "result", f"must be a {kind.__name__} for task {self.task!r}")
         if self.status not in STATUSES:
             raise RecordError("", "status", f"must be one of {list(STATUSES)}, got {self.status!r}")
 
@@ -209,30 +149,29 @@ class RunRecord:
         if not isinstance(obj, Mapping):
             raise RecordError(source, "", f"a run record must be a JSON object, got {type(obj).__name__}")
         fmt = obj.get("format")
-        if fmt in LEGACY_SCHEMAS:
-            obj = _upgrade_v1(obj, source)
-        elif fmt != SCHEMA:
-            raise RecordError(
-                source, "format", f"must be {SCHEMA!r} (or the older {list(LEGACY_SCHEMAS)}), got {fmt!r}"
-            )
-        _check(obj, {"task": (str,), "id": (str,), "status": (str,), "labels": (dict,), "config": (dict,),
-                     "result": (dict,), "time": (dict,), "env": (dict,)}, source)  # fmt: skip
-        task = obj["task"]
-        if task not in RESULTS:
-            raise RecordError(source, "task", f"must be one of {list(RESULTS)}, got {task!r}")
+        if fmt not in (SCHEMA, SCHEMA_V1):
+            raise RecordError(source, "format", f"must be {SCHEMA!r} (or the older {[SCHEMA_V1]}), got {fmt!r}")
+        name = obj.get("task") if fmt == SCHEMA else default_task_name()
+        upgrade = get_task(name).upgrade_record if isinstance(name, str) and name in task_names() else None
+        if upgrade is not None:
+            obj = upgrade(obj, source)
+        elif fmt == SCHEMA_V1:
+            raise RecordError(source, "format", f"{SCHEMA_V1!r} records are read by the task that wrote them: none")
+        check_keys(obj, {"task": (str,), "id": (str,), "status": (str,), "labels": (dict,), "config": (dict,),
+                         "result": (dict,), "time": (dict,), "env": (dict,)}, source)  # fmt: skip
+        kind = _check_task(obj["task"], source)
         if obj["status"] not in STATUSES:
             raise RecordError(source, "status", f"must be one of {list(STATUSES)}, got {obj['status']!r}")
-        kind = RESULTS[task]
-        _check(obj["config"], kind.CONFIG, source, "config.")
-        _check(obj["time"], kind.TIME, source, "time.")
-        _check(obj["result"], kind.SPEC, source, "result.")
+        check_keys(obj["config"], kind.CONFIG, source, "config.")
+        check_keys(obj["time"], kind.TIME, source, "time.")
+        check_keys(obj["result"], kind.SPEC, source, "result.")
         names = {f.name for f in dataclasses.fields(kind)}
         unknown = sorted(set(obj["result"]) - names)
         if unknown:
             raise RecordError(source, f"result.{unknown[0]}", f"is not a field of {kind.__name__}")
         return cls(
             id=obj["id"],
-            task=task,
+            task=obj["task"],
             status=obj["status"],
             labels={str(k): str(v) for k, v in obj["labels"].items()},
             config=obj["config"],
@@ -243,51 +182,11 @@ class RunRecord:
         )
 
 
-_V1_RESULT_KEYS = (
-    "reference", "model", "steps_done", "diverged_step", "initial_loss", "final_train_loss", "eval", "loss",
-    "diagnostics", "init_grad",
-)  # fmt: skip
-
-
-def _upgrade_v1(obj: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """A schema-1 record (language-model measurements at the top level) in the schema-2 layout."""
-    for key in ("id", "status", "labels", "config", "time", "env", *_V1_RESULT_KEYS[:-1]):
-        if key not in obj:  # every key but init_grad was always written
-            raise RecordError(source, key, f"is missing (a record of schema {obj['format']!r})")
-    out = {k: obj[k] for k in ("id", "status", "labels", "config", "time", "env")}
-    out["task"] = "lm"
-    out["result"] = {k: obj[k] for k in _V1_RESULT_KEYS if k in obj}
-    return out
-
-
-# ---- JSON files ----------------------------------------------------------------------------------------------
-
-
-def finite_or_null(obj: Any) -> Any:
-    """``obj`` with every non-finite float replaced by None (recursively through dicts, lists and tuples)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {k: finite_or_null(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite_or_null(v) for v in obj]
-    return obj
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as strict JSON to ``path`` atomically: a reader sees the old file or the complete new one."""
-    path = Path(path)
-    text = json.dumps(obj, indent=1, allow_nan=False)  # fails before anything is written
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+# ---- files ---------------------------------------------------------------------------------------------------
 
 
 def read_json(path: str | Path, what: str = "file") -> Any:
-    """Parse a JSON file; an unreadable or truncated file raises ``RecordError`` naming it."""
+    """Parse a JSON file of a study folder; an unreadable or truncated file raises ``RecordError`` naming it."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -309,24 +208,3 @@ def write_record(path: str | Path, record: RunRecord) -> None:
 def read_record(path: str | Path) -> RunRecord:
     """Load and validate the record at ``path``; ``RecordError`` (naming the file and key) if it is unusable."""
     return RunRecord.from_json(read_json(path, "run record"), source=str(path))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_tmp(folder: str | Path) -> list[Path]:
-    """Delete temp files left by processes that no longer run (a killed run); return what was removed."""
-    removed = []
-    for p in Path(folder).glob(f".*{TMP_MARK}*"):
-        pid = p.name.rpartition(TMP_MARK)[2]
-        if not pid.isdigit() or not _pid_alive(int(pid)) or int(pid) == os.getpid():
-            p.unlink(missing_ok=True)
-            removed.append(p)
-    return removed

@@ -1,115 +1,29 @@
-"""Run a study of any task: skip runs that have a valid record, make the runs' inputs ready (tokenize a corpus once),
-train the rest on an executor (this process, a pool of supervised worker processes, or Ray tasks on a cluster; every
-run with DDP under ``torchrun``), write one record per run atomically as it arrives, then build the report.
+"""Run a study of any task: the one run loop. Skip runs that have a valid record, make the runs' inputs ready
+(``Task.before_runs``: tokenize a corpus once), train the rest on an executor, write one record per run atomically
+as it arrives, then build the report.
 
-Layout of ``OUT``: ``study.json`` (the resolved study and its run ids), ``runs/<run id>.json`` (one ``RunRecord``
-per finished run), and what the task's report writes. A record is written only when its run ends (temp file +
-``os.replace``), so a killed run leaves no partial result: the next invocation removes the dead process's temp file
-and redoes that run; a record that fails validation (truncated, a key missing) is redone too. While a run trains, its
-runner holds an exclusive lock on ``runs/<run id>.lock``, so two runners on one folder never train the same run.
-With ``tracking`` on, curves go to ``tensorboard/<run id>/``: live from the local executors, from each record as it
-arrives with Ray (``tracking.replay``: the same points).
+Executors (``lnblocks.study.core.executors`` and siblings): ``local`` (this process, or a pool of supervised worker
+processes with ``workers`` > 1), ``ray`` (one Ray task per run on a cluster), ``torchrun`` (chosen when the process
+was launched by ``torchrun``: every run with DDP over the ranks; rank 0 runs this loop, the others serve it). The
+folder layout, the per-run locks and resume are ``lnblocks.study.core.outdir``'s. With ``tracking`` on, curves go to
+``tensorboard/<run id>/``: live from the local executors, from each record as it arrives otherwise (the task's
+``replay_curves``: the same points).
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from lnblocks.study.executors import Executor, Job, Outcome, make_executor
-from lnblocks.study.grid import StudyConfig, load_study
-from lnblocks.study.records import RecordError, read_record, remove_stale_tmp, write_json_atomic, write_record
-from lnblocks.study.tasks import get_task
+from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
+from lnblocks.study.core.outdir import RunLock, check_record, init_out_dir, pending_runs, record_path
+from lnblocks.study.core.records import write_record
+from lnblocks.study.core.study_config import StudyConfig, load_study
+from lnblocks.study.core.tasks import Task, get_task
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: no cross-runner locking
-    fcntl = None  # type: ignore[assignment]
-
-
-def record_path(runs_dir: Path, run_id: str) -> Path:
-    return runs_dir / f"{run_id}.json"
-
-
-def check_record(runs_dir: Path, run_id: str) -> str | None:
-    """None if ``run_id`` has a valid record, else why not (missing, or the validation error)."""
-    path = record_path(runs_dir, run_id)
-    if not path.exists():
-        return "missing"
-    try:
-        rec = read_record(path)
-    except RecordError as err:
-        return str(err)
-    if rec.id != run_id:
-        return f"{path}: id is {rec.id!r}, not the file's run id"
-    return None
-
-
-def pending_runs(study: StudyConfig, runs_dir: Path) -> tuple[list[Any], int, list[str]]:
-    """Runs without a valid record, most expensive first (balances parallel workers); how many are done; and one
-    line per record that exists but fails validation (those runs are redone)."""
-    runs = study.runs()
-    todo, problems = [], []
-    for r in runs:
-        why = check_record(runs_dir, r.run_id)
-        if why is None:
-            continue
-        todo.append(r)
-        if why != "missing":
-            problems.append(f"{why}; the run is redone")
-    todo.sort(key=lambda r: -r.cost)
-    return todo, len(runs) - len(todo), problems
-
-
-class RunLock:
-    """An exclusive, non-blocking lock on ``runs/<id>.lock`` held while one runner trains that run."""
-
-    def __init__(self, runs_dir: Path, run_id: str) -> None:
-        self.path = runs_dir / f"{run_id}.lock"
-        self.fd: int | None = None
-
-    def acquire(self) -> bool:
-        if fcntl is None:
-            return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return False
-        self.fd = fd
-        return True
-
-    def release(self) -> None:
-        if self.fd is not None:
-            with suppress(OSError):
-                self.path.unlink()
-            os.close(self.fd)
-            self.fd = None
-
-
-def _bar(total: int, initial: int, show: bool) -> Any:
-    from lnblocks._optional import require
-
-    return require("tqdm").tqdm(
-        total=total, initial=initial, desc="runs", position=0, disable=not show, dynamic_ncols=True
-    )
-
-
-def _prepare(study: StudyConfig, out: Path) -> Path:
-    runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_tmp(runs_dir)
-    remove_stale_tmp(out)
-    write_json_atomic(out / "study.json", {**study.to_dict(), "run_ids": [r.run_id for r in study.runs()]})
-    return runs_dir
-
-
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "ray", "torchrun")
 
 
 def _load(config: str | Path | StudyConfig, overrides: Mapping[str, Any] | None) -> StudyConfig:
@@ -118,24 +32,50 @@ def _load(config: str | Path | StudyConfig, overrides: Mapping[str, Any] | None)
     return load_study(config, overrides=overrides)
 
 
-def _check_executor(name: str, workers: int, ray_address: str | None) -> None:
+def _executor_name(name: str, workers: int, ray_address: str | None) -> str:
+    """The executor to use (``local`` becomes ``torchrun`` under torchrun); ``ValueError`` for bad combinations."""
+    from lnblocks.study.core.torchrun import launched_by_torchrun
+
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     if name not in EXECUTORS:
         raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {name!r}")
-    if name == "local" and ray_address is not None:
+    if name != "ray" and ray_address is not None:
         raise ValueError("--ray-address is for --executor ray")
     if name == "ray" and workers != 1:
         raise ValueError(
             "--workers is for --executor local; with Ray as many runs train at once as the cluster's resources "
             "allow (resources.cpus_per_run / gpus_per_run in the study file)"
         )
+    if launched_by_torchrun() and name != "ray":
+        name = "torchrun"
+    if name == "torchrun":
+        if not launched_by_torchrun():
+            raise ValueError("--executor torchrun needs a launch by torchrun (WORLD_SIZE > 1)")
+        if workers != 1:
+            raise ValueError("--workers is for --executor local; under torchrun every run uses all the ranks")
+    return name
 
 
-def _executor(name: str, workers: int, todo: int, study: StudyConfig, ray_address: str | None) -> Executor:
+def _require_packages(study: StudyConfig, executor: str, report: bool) -> None:
+    """Fail before training, not after it, when an optional package the study needs is missing."""
+    from lnblocks._optional import require
+
+    require("tqdm")
+    if report:
+        require("matplotlib")
+    if study.tracking.tensorboard:
+        require("tensorboard")
+    if study.tracking.wandb:
+        require("wandb")
+    if executor == "ray":
+        require("ray")
+
+
+def _local_or_ray(name: str, workers: int, todo: int, study: StudyConfig, ray_address: str | None) -> Executor:
     if name == "local":
         return make_executor(min(workers, max(todo, 1)))
-    from lnblocks.study.ray_executor import RayExecutor
+    from lnblocks.study.core.ray_executor import RayExecutor
 
     return RayExecutor(study.resources, address=ray_address)
 
@@ -156,29 +96,41 @@ def run_study(
     ``overrides``: dotted keys applied to the study file before validation (``--set``; see ``apply_overrides``).
     ``executor``: ``"local"`` (``workers`` > 1: that many supervised worker processes, each run with its own
     ``threads``) or ``"ray"`` (one Ray task per run on the cluster at ``ray_address``, or a local Ray instance).
-    Launched by ``torchrun`` (WORLD_SIZE > 1): every run of an ``lm`` study trains with DDP over the ranks.
+    Launched by ``torchrun`` (WORLD_SIZE > 1), ``"local"`` means ``"torchrun"``: every run of a study whose task
+    trains with DDP uses all the ranks.
     """
-    _check_executor(executor, workers, ray_address)
-    from lnblocks._optional import require
-
+    name = _executor_name(executor, workers, ray_address)
     study = _load(config, overrides)
     task = get_task(study.task)
-    require("tqdm")
-    if report:
-        require("matplotlib")  # fail before training, not after it
-    if study.tracking.tensorboard:
-        require("tensorboard")
-    if study.tracking.wandb:
-        require("wandb")
-    if executor == "ray":
-        require("ray")
+    _require_packages(study, name, report)
     out = Path(out_dir)
     show = sys.stderr.isatty() if show_progress is None else show_progress
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from lnblocks.study.distributed import run_distributed
+    if name != "torchrun":
+        return _run(study, task, out, show, report, lambda todo: _local_or_ray(name, workers, todo, study, ray_address))
+    from lnblocks.study.core.torchrun import TorchrunExecutor
 
-        return run_distributed(study, out, show, report)
-    runs_dir = _prepare(study, out)
+    ddp = TorchrunExecutor(task, device=study.runs()[0].device)
+    try:
+        if not ddp.is_driver:  # ranks > 0 train what rank 0's loop hands out
+            ddp.serve()
+            return 0
+        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}")
+    finally:
+        ddp.close()
+
+
+def _run(
+    study: StudyConfig,
+    task: Task,
+    out: Path,
+    show: bool,
+    report: bool,
+    open_pool: Callable[[int], Executor],
+    how: str = "",
+) -> int:
+    """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
+    ``open_pool(n)``: the executor for ``n`` runs to train."""
+    runs_dir = init_out_dir(study, out)
     todo, done, problems = pending_runs(study, runs_dir)
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
@@ -191,10 +143,10 @@ def run_study(
             "lnblocks whose run ids differ); they are left alone and not reported",
             file=sys.stderr,
         )
-    print(f"study {study.name!r}: {total} runs, {done} already finished, {len(todo)} to run -> {out}", flush=True)
-    pool = _executor(executor, workers, len(todo), study, ray_address)
-    if todo and task.prepare is not None:  # tokenize a corpus once here, not in every worker at the same time
-        for line in task.prepare(todo, show_progress=show):
+    print(f"study {study.name!r}{how}: {total} runs, {done} already finished, {len(todo)} to run -> {out}", flush=True)
+    pool = open_pool(len(todo))
+    if todo and task.before_runs is not None:  # tokenize a corpus once here, not in every worker at the same time
+        for line in task.before_runs(todo, show):
             print(line, flush=True)
     live = pool.live_tracking
     tracking = study.tracking if study.tracking.enabled else None
@@ -222,9 +174,7 @@ def run_study(
             if outcome.record is not None:
                 write_record(record_path(runs_dir, job.run_id), outcome.record)
                 if tracking is not None and not live:
-                    from lnblocks.study.tracking import replay
-
-                    replay(outcome.record, out, tracking)
+                    task.replay_curves(outcome.record, out, tracking)
                 bar.write(task.outcome(outcome.record))
             else:
                 failed.append((job.run_id, outcome.error or "unknown error"))
@@ -250,7 +200,15 @@ def run_study(
         )
     code = 1 if failed else 0
     if report:
-        from lnblocks.study.report import build_report
+        from lnblocks.study.core.report import build_report
 
         code = build_report(out) or code
     return code
+
+
+def _bar(total: int, initial: int, show: bool) -> Any:
+    from lnblocks._optional import require
+
+    return require("tqdm").tqdm(
+        total=total, initial=initial, desc="runs", position=0, disable=not show, dynamic_ncols=True
+    )

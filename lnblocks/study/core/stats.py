@@ -1,23 +1,10 @@
-"""Statistics behind the study's verdicts: intervals over seeds, fitted slopes, shares of agreeing seeds, and the
-three-valued verdict (REPRODUCED / DID NOT REPRODUCE / INCONCLUSIVE) with the number of seeds that would settle it.
+"""Statistics behind the study's verdicts (``core.claims``): intervals over seeds, fitted slopes, shares of agreeing
+seeds, and the number of seeds that would settle an interval that straddles a threshold.
 
 The unit of replication is the seed (an independent init and data order): every interval here is over seeds, never
 over the layers or batches of one run. Quantiles of Student's t and of the beta distribution are computed from the
 regularised incomplete beta function (continued fraction, fp64), so the module needs only NumPy (for the bootstrap)
 and no SciPy; tests/study/test_study_stats.py checks them against ``scipy.stats``.
-
-Verdict rules (docs/study-claims.md states them next to every claim):
-
-- Continuous claims ("value > threshold" or "value < threshold") on a 95% interval: REPRODUCED when the whole
-  interval lies on the claimed side of the threshold, DID NOT REPRODUCE when the whole interval lies on the other
-  side, INCONCLUSIVE when it contains the threshold. ``seeds_needed`` is then the smallest n whose t half-width
-  ``t(1 - a/2, n - k) * spread / sqrt(n)`` falls below the observed distance to the threshold.
-- Share-of-seeds claims ("the run gets stuck"): the same rule on the exact Clopper-Pearson interval of the agreeing
-  share with threshold 1/2, i.e. REPRODUCED when the lower bound exceeds 1/2 (most seeds agree, with 95%
-  confidence), DID NOT REPRODUCE when the upper bound is below 1/2. Exact intervals never overclaim at small n;
-  the price is that 6/6 agreeing seeds are needed (5/5 gives a lower bound of 0.478).
-- Threshold claims ("Post-LN's largest stable LR lies below Pre-LN's") compare ``largest_stable_lr`` per seed with
-  ``ordered_share``: seeds the grid cannot resolve are left out, so a wider grid cannot flip the verdict.
 """
 
 from __future__ import annotations
@@ -25,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from functools import lru_cache
 from statistics import NormalDist
 
@@ -33,19 +19,7 @@ import numpy as np
 
 LEVEL = 0.95
 BOOTSTRAP_SEED = 20_231_003  # fixed: the same values always give the same bootstrap interval
-SHARE_THRESHOLD = 0.5
 MAX_SEEDS = 100_000  # seeds_needed gives up (None) beyond this
-
-
-class Outcome(str, Enum):
-    """A verdict's outcome; its value is what reports print."""
-
-    REPRODUCED = "REPRODUCED"
-    DID_NOT_REPRODUCE = "DID NOT REPRODUCE"
-    INCONCLUSIVE = "INCONCLUSIVE"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -94,33 +68,6 @@ class Estimate:
 
     def __str__(self) -> str:
         return format(self)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The outcome of checking one claim (``claim`` reads e.g. ``"slope > 0"``) against ``estimate``.
-    ``seeds_needed`` (INCONCLUSIVE only): the total n at which the same effect would be settled, or None when the
-    estimate sits exactly on ``threshold``, the spread is unknown (one seed) or it would take over ``MAX_SEEDS``."""
-
-    outcome: Outcome
-    estimate: Estimate
-    claim: str
-    threshold: float
-    seeds_needed: int | None = None
-
-    def __str__(self) -> str:
-        text = f"{self.outcome}: {self.estimate} vs claim {self.claim}"
-        if self.outcome is Outcome.INCONCLUSIVE:
-            if self.seeds_needed is not None:
-                more = f"~{self.seeds_needed} seeds"
-            elif self.estimate.value == self.threshold:
-                more = "no number of seeds (the estimate sits on the threshold)"
-            elif self.estimate.n == 1:
-                more = "unknown (one seed has no spread)"
-            else:
-                more = f"more than {MAX_SEEDS} seeds"
-            text += f"; would settle it: {more}"
-        return text
 
 
 # ---- distributions (fp64, no SciPy) -------------------------------------------------------------------------------
@@ -267,6 +214,25 @@ def paired_difference(a: Sequence[float], b: Sequence[float], level: float = LEV
     return mean_interval(xa - xb, level, label="difference")
 
 
+def welch_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Estimate:
+    """``mean(a) - mean(b)`` of two independent groups of seeds with Welch's t-interval (Welch-Satterthwaite degrees
+    of freedom, fractional; Welch 1947): no equal-variance assumption. ``n`` is the smaller group; a group of one
+    seed gives an unbounded interval, two groups without spread the point itself."""
+    level = _check_level(level)
+    xa, xb = _values(a, "a"), _values(b, "b")
+    diff = float(xa.mean() - xb.mean())
+    n = min(xa.size, xb.size)
+    if n < 2:
+        return Estimate(diff, -math.inf, math.inf, n, "difference", math.nan, 1, level=level)
+    va, vb = float(xa.var(ddof=1)) / xa.size, float(xb.var(ddof=1)) / xb.size  # variances of the two means
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return Estimate(diff, diff, diff, n, "difference", 0.0, 1, level=level)
+    df = (va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1))
+    half = t_ppf(0.5 + level / 2.0, df) * se
+    return Estimate(diff, diff - half, diff + half, n, "difference", se * math.sqrt(n), 1, level=level)
+
+
 def ols_slope(x: Sequence[float], y: Sequence[float], level: float = LEVEL) -> Estimate:
     """Least-squares slope of ``y`` on ``x`` with its t-interval (``n - 2`` degrees of freedom). The points must be
     independent draws (e.g. one per seed and depth); for a profile within one run use ``slope_over_seeds``."""
@@ -377,7 +343,7 @@ def _pair(values: Sequence[float], name: str) -> list[float]:
     return vals
 
 
-# ---- verdicts -----------------------------------------------------------------------------------------------------
+# ---- how many seeds would settle it ----------------------------------------------------------------------------------
 
 
 def _share_seeds_needed(est: Estimate, threshold: float) -> int | None:
@@ -423,24 +389,3 @@ def seeds_needed(est: Estimate, threshold: float) -> int | None:
             return n
         n += 1
     return None
-
-
-def verdict(est: Estimate, claim: str, threshold: float | None = None) -> Verdict:
-    """Check ``value > threshold`` (``claim=">"``) or ``value < threshold`` (``claim="<"``) on ``est``'s interval:
-    REPRODUCED when the interval lies wholly on the claimed side, DID NOT REPRODUCE when it lies wholly on the
-    other side, INCONCLUSIVE when it contains the threshold (then ``seeds_needed`` is set). Shares default to the
-    threshold 1/2 ("most seeds agree"), everything else to 0."""
-    if claim not in (">", "<"):
-        raise ValueError(f"claim must be '>' or '<', got {claim!r}")
-    if threshold is None:
-        threshold = SHARE_THRESHOLD if est.successes is not None else 0.0
-    if not math.isfinite(threshold):
-        raise ValueError(f"threshold must be finite, got {threshold!r}")
-    above, below = est.low > threshold, est.high < threshold
-    supports, contradicts = (above, below) if claim == ">" else (below, above)
-    text = f"{est.label} {claim} {threshold:g}"
-    if supports:
-        return Verdict(Outcome.REPRODUCED, est, text, threshold)
-    if contradicts:
-        return Verdict(Outcome.DID_NOT_REPRODUCE, est, text, threshold)
-    return Verdict(Outcome.INCONCLUSIVE, est, text, threshold, seeds_needed(est, threshold))

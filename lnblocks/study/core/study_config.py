@@ -1,8 +1,8 @@
 """``StudyConfig``: a study file (with ``extends:`` base files) validated and expanded into one run config per grid
-point, for any task (the language-model study, the CNN digits study).
+point, for any task; ``load_study`` reads one (``lnblocks.study.core.studyfile``) and asks its task to validate it.
 
-A study file names its ``task`` (default ``lm``), holds the base run's options and a ``grid``. Each grid axis is
-either a dotted key with a list of values::
+A study file names its ``task`` (default: the default task, see ``core.tasks``), holds the base run's options and a
+``grid``. Each grid axis is either a dotted key with a list of values::
 
     grid:
       model.placement: [pre, post]
@@ -47,19 +47,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lnblocks.config import Config, ConfigValueError, _KeyedError
-from lnblocks.study.executors import ResourcesConfig
-from lnblocks.study.overrides import (
+from lnblocks.config import Config, ConfigError, ConfigValueError
+from lnblocks.study.core.ray_executor import ResourcesConfig
+from lnblocks.study.core.studyfile import (
+    MergedFile,
+    StudyFileError,
     apply_overrides,
+    load_merged,
     resolve_file_paths,
     resolve_grid_paths,
     resolve_tree_paths,
     set_dotted,
 )
-from lnblocks.study.tracking import TrackingConfig
-from lnblocks.study.yamlfile import MergedFile, StudyFileError, load_merged
+from lnblocks.study.core.tasks import default_task_name, get_task, task_names
+from lnblocks.study.core.tracking import TrackingConfig
 
-DEFAULT_TASK = "lm"
 STUDY_SECTIONS = ("tracking", "resources")  # study-wide sections: not part of any run's config
 
 
@@ -193,7 +195,7 @@ class StudyConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "") -> StudyConfig:
-        """A study from a mapping with the schema of a study file (``task`` defaults to ``lm``; no ``extends``)."""
+        """A study from a mapping with the schema of a study file (no ``extends``); see ``study_from_dict``."""
         return study_from_dict(raw, source)
 
     @property
@@ -235,7 +237,7 @@ class StudyConfig:
                 if not labels:
                     raise
                 where = ", ".join(f"{k}={v}" for k, v in labels)
-                if isinstance(err, _KeyedError):
+                if isinstance(err, ConfigError):
                     raise type(err)(f"grid point ({where}): {err.key}", err.detail) from None
                 raise type(err)(f"grid point ({where}): {err}") from None
             out.append(run)
@@ -247,8 +249,6 @@ class StudyConfig:
         studies with 2 steps, and by ``lnblocks study run --set``."""
         if not self.raw:
             raise ValueError("override needs a study built by load_study or study_from_dict")
-        from lnblocks.study.tasks import get_task
-
         raw = apply_overrides(self.raw, changes, get_task(self.task).path_keys)
         return build_study(raw, self.task, name=self.name, description=self.description, source=self.source)
 
@@ -295,29 +295,31 @@ def check_inherited_overrides(merged: MergedFile, axes: Sequence[GridAxis]) -> N
 
 def build_study(raw: Mapping[str, Any], task: str, *, name: str, description: str, source: str) -> StudyConfig:
     """The ``StudyConfig`` of a merged study mapping (meta keys removed) for ``task``; errors name ``source``."""
-    from lnblocks.study.tasks import get_task
-
     raw = dict(raw)
     sections = {k: raw.pop(k, None) for k in STUDY_SECTIONS}
     try:
         study = get_task(task).study_from_dict(copy.deepcopy(raw), name=name, description=description, source=source)
         tracking = TrackingConfig.from_dict(sections["tracking"], key="tracking")
         resources = ResourcesConfig.from_dict(sections["resources"], key="resources")
-    except _KeyedError as err:  # name the file too
+    except ConfigError as err:  # name the file too
         if not source:
             raise
         raise type(err)(f"{source}: {err.key}", err.detail) from None
-    if tracking.enabled and task != "lm":
-        raise ConfigValueError("tracking", f"curves are logged for task 'lm' only, not {task!r}")
+    if tracking.enabled and get_task(task).replay_curves is None:
+        raise ConfigValueError("tracking", f"task {task!r} logs no curves; tracking is for {_tracked_tasks()}")
     full = {**raw, **{k: v for k, v in sections.items() if v is not None}}
     return dataclasses.replace(study, tracking=tracking, resources=resources, raw=full)
+
+
+def _tracked_tasks() -> list[str]:
+    return [name for name in task_names() if get_task(name).replay_curves is not None]
 
 
 def _split_meta(raw: dict[str, Any], source: str, task: str | None) -> tuple[str, str, str]:
     default_name = Path(source).stem if source else "study"
     name = raw.pop("name", None) or default_name
     description = raw.pop("description", None) or ""
-    task_name = raw.pop("task", None) or task or DEFAULT_TASK
+    task_name = raw.pop("task", None) or task or default_task_name()
     if task is not None and task_name != task:
         raise StudyFileError(f"{source}: task is {task_name!r}, expected {task!r}")
     if not isinstance(name, str) or not isinstance(description, str):
@@ -328,12 +330,10 @@ def _split_meta(raw: dict[str, Any], source: str, task: str | None) -> tuple[str
 def load_study(path: str | Path, task: str | None = None, overrides: Mapping[str, Any] | None = None) -> StudyConfig:
     """Read, merge (``extends``) and validate a study file of any task; errors name the file or dotted key.
     ``overrides``: dotted keys applied before validation (see ``apply_overrides``; ``lnblocks study run --set``)."""
-    from lnblocks.study.tasks import get_task
-
     merged = load_merged(path)
     source = str(Path(path).resolve())
-    task_name = merged.raw.get("task") or task or DEFAULT_TASK
-    path_keys = get_task(task_name).path_keys if isinstance(task_name, str) and task_name in _task_names() else {}
+    task_name = merged.raw.get("task") or task or default_task_name()
+    path_keys = get_task(task_name).path_keys if isinstance(task_name, str) and task_name in task_names() else {}
     raw = resolve_file_paths(merged, path_keys)
     if overrides:
         raw = apply_overrides(raw, overrides, path_keys)
@@ -343,22 +343,14 @@ def load_study(path: str | Path, task: str | None = None, overrides: Mapping[str
     return study
 
 
-def _task_names() -> list[str]:
-    from lnblocks.study.tasks import task_names
-
-    return task_names()
-
-
 def study_from_dict(raw: dict[str, Any], source: str = "", overrides: Mapping[str, Any] | None = None) -> StudyConfig:
-    """A study from a mapping with the schema of a study file (``task`` defaults to ``lm``; no ``extends``).
+    """A study from a mapping with the schema of a study file (``task`` defaults to the default task; no ``extends``).
     Relative paths resolve against the folder of ``source`` if given, else the current folder."""
-    from lnblocks.study.tasks import get_task
-
     raw = copy.deepcopy(dict(raw))
     if "extends" in raw:
         raise StudyFileError("extends works in study files only (use load_study)")
-    task_name = raw.get("task") or DEFAULT_TASK
-    path_keys = get_task(task_name).path_keys if isinstance(task_name, str) and task_name in _task_names() else {}
+    task_name = raw.get("task") or default_task_name()
+    path_keys = get_task(task_name).path_keys if isinstance(task_name, str) and task_name in task_names() else {}
     folder = Path(source).resolve().parent if source else Path.cwd()
     resolve_tree_paths(raw, folder, path_keys)
     for axis in list(raw.get("grid") or {}) if isinstance(raw.get("grid"), dict) else []:

@@ -1,8 +1,9 @@
-"""The kinds of experiment the runner knows: a ``Task`` turns a study file into run configs, one run config into a
-``RunRecord``, and a folder of records into a report. Tasks load lazily (each imports torch and its own modules).
+"""What the study's core needs from one kind of experiment (a *task*), what it hands a task's ``train``, and the
+registry of tasks by name.
 
-- ``lm``: the language-model norm-placement study (Xiong et al. 2020 at CPU scale; ``lnblocks.study.lm``);
-- ``cnn_digits``: the CNN small-batch study on scikit-learn's digits (Wu & He 2018; ``lnblocks.study.digits``).
+The core never imports a task: ``lnblocks/study/__init__.py`` registers each one by module path
+(``register_task("lm", "lnblocks.study.lm.task", default=True)``) and ``get_task`` imports that module on first use
+and returns its ``TASK``. A task module imports the core and the library, never another task.
 """
 
 from __future__ import annotations
@@ -10,41 +11,107 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lnblocks.config import ConfigValueError
 
-_TASKS = {"lm": "lnblocks.study.lm", "cnn_digits": "lnblocks.study.digits"}
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from lnblocks.study.core.records import RunRecord
+    from lnblocks.study.core.tracking import TrackingConfig
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in a ``torchrun`` job (world size 1: not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """How one run trains, besides its config: whether to draw a step bar (``position``: its tqdm row), where its
+    curves go while it trains (``tracking`` is set only when the executor logs live; ``out_dir`` the study folder),
+    and this process's place in a ``torchrun`` job."""
+
+    show_progress: bool = False
+    position: int = 0
+    out_dir: str | None = None
+    tracking: TrackingConfig | None = None
+    dist: DistContext = field(default_factory=DistContext)
 
 
 @dataclass(frozen=True)
 class Task:
-    """What the runner and the report need from one kind of experiment.
+    """One kind of experiment, as the runner and the report see it.
 
-    ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study file;
-    ``train(run, show_progress, position)``: one run's ``RunRecord`` (in whichever process trains it);
-    ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots, echo)``: write the
-    report files from records alone and return an exit code. ``path_keys``: dotted option keys whose values are file
-    paths (relative ones resolve against the study file's folder), each with the values that are not paths;
-    ``prepare(runs, show_progress)``: make the runs' inputs ready before any run starts (tokenize a corpus once),
-    returning one line per input.
+    - ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study mapping;
+    - ``train(run, ctx)``: one run's ``RunRecord`` (the one place a run of this task trains);
+    - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=)``: write the
+      report files from records alone and return an exit code;
+    - ``result_type``: the dataclass of ``RunRecord.result`` (with ``CONFIG``/``TIME``/``SPEC``: keys to check);
+    - ``path_keys``: dotted option keys whose values are file paths (relative ones resolve against the study file's
+      folder), each with the values that are not paths;
+    - ``before_runs(runs, show_progress)``: make the runs' inputs ready once, before any run starts (tokenize a
+      corpus), returning one line per input; None: nothing to do;
+    - ``replay_curves(record, out_dir, tracking)``: write a finished run's curves from its record (for executors that
+      do not log live); None: the task logs no curves, and a study of it may not turn ``tracking`` on;
+    - ``ddp``: whether ``train`` runs under ``torchrun`` with DistributedDataParallel (``ctx.dist``);
+    - ``upgrade_record(obj, source)``: a record's JSON object as the current code reads it (records older lnblocks
+      wrote: schema 1, which only the default task had, or configs with keys since renamed); None: as written.
     """
 
     name: str
     study_from_dict: Callable[..., Any]
-    train: Callable[..., Any]
-    outcome: Callable[[Any], str]
+    train: Callable[[Any, RunContext], RunRecord]
+    outcome: Callable[[RunRecord], str]
     report: Callable[..., int]
+    result_type: type
     path_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    prepare: Callable[..., list[str]] | None = None
+    before_runs: Callable[[list[Any], bool], list[str]] | None = None
+    replay_curves: Callable[[RunRecord, str | Path, TrackingConfig], Any] | None = None
+    ddp: bool = False
+    upgrade_record: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
+
+
+_MODULES: dict[str, str] = {}  # task name -> module holding its TASK
+_DEFAULT: list[str] = []  # the task of a study file without a ``task:`` key
+
+
+def register_task(name: str, module: str, *, default: bool = False) -> None:
+    """Make ``get_task(name)`` import ``module`` and return its ``TASK``; ``default``: the task of study files that
+    name none."""
+    _MODULES[name] = module
+    if default:
+        _DEFAULT[:] = [name]
 
 
 def task_names() -> list[str]:
-    return list(_TASKS)
+    return list(_MODULES)
+
+
+def default_task_name() -> str:
+    if not _DEFAULT:
+        raise RuntimeError("no default study task is registered (lnblocks.study registers them on import)")
+    return _DEFAULT[0]
 
 
 def get_task(name: str) -> Task:
     """The task called ``name``; ``ValueError`` listing the valid names otherwise."""
-    if name not in _TASKS:
-        raise ConfigValueError("task", f"must be one of {list(_TASKS)}, got {name!r}")
-    return importlib.import_module(_TASKS[name]).TASK
+    if name not in _MODULES:
+        raise ConfigValueError("task", f"must be one of {task_names()}, got {name!r}")
+    task = importlib.import_module(_MODULES[name]).TASK
+    if task.name != name:
+        raise RuntimeError(f"{_MODULES[name]}.TASK is named {task.name!r}, registered as {name!r}")
+    return task

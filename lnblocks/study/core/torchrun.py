@@ -1,18 +1,21 @@
-"""A study under ``torchrun``: every run of an ``lm`` study trains with DistributedDataParallel over the ranks
-(gloo on CPU, nccl on GPU); rank 0 decides what is left to run, writes the records and builds the report."""
+"""The torchrun executor: a study launched by ``torchrun`` (``WORLD_SIZE`` > 1) trains every run with
+DistributedDataParallel over all the ranks (gloo on CPU, nccl on GPU).
+
+Rank 0 is the driver: it runs the study's one run loop (``core.runner``) and hands each job to every rank with
+``broadcast_object_list``, trains its own share, and writes the record; the other ranks only ``serve``: train each
+job they are handed until the driver says there is no more. A run that raises ends the whole torchrun job (DDP
+cannot go on with one rank out of step), so nothing here turns an exception into a failed record. Only a task
+that declares ``ddp=True`` runs here; its ``train`` reads the rank from ``RunContext.dist``.
+"""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
-from lnblocks.study.grid import StudyConfig
-from lnblocks.study.records import write_record
-from lnblocks.study.runner import _prepare, pending_runs, record_path
-from lnblocks.study.train import DistContext, train_run
+from lnblocks.study.core.executors import Job, Outcome, train_job
+from lnblocks.study.core.tasks import DistContext, Task, get_task, task_names
 
 
 def dist_from_env() -> DistContext:
@@ -21,52 +24,61 @@ def dist_from_env() -> DistContext:
     return DistContext(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def run_distributed(study: StudyConfig, out: Path, show: bool, report: bool) -> int:
-    """Train every unfinished run of ``study`` with DDP over this ``torchrun`` job's ranks."""
-    import torch.distributed as td
+def launched_by_torchrun() -> bool:
+    return dist_from_env().enabled
 
-    from lnblocks.study.lm import outcome
 
-    if study.task != "lm":
-        raise ValueError(f"torchrun (DDP) runs lm studies only; this study's task is {study.task!r}")
-    dist = dist_from_env()
-    use_cuda = torch.cuda.is_available() and study.runs()[0].train.device != "cpu"
-    if not td.is_initialized():
-        td.init_process_group("nccl" if use_cuda else "gloo")
-    if use_cuda:
-        torch.cuda.set_device(dist.local_rank)
-    torch.set_flush_denormal(True)
-    try:
-        payload: list[Any] = [None]
-        if dist.is_main:
-            runs_dir = _prepare(study, out)
-            todo, done, _ = pending_runs(study, runs_dir)
-            print(
-                f"study {study.name!r} with DDP over {dist.world_size} ranks ({td.get_backend()}): "
-                f"{done + len(todo)} runs, {done} already finished, {len(todo)} to run -> {out}",
-                flush=True,
-            )
-            payload = [[r.run_id for r in todo]]
+class TorchrunExecutor:
+    """Every job trains on all ranks of this torchrun job; ``device``: the runs' device (``"cpu"`` picks gloo,
+    anything else nccl when CUDA is available)."""
+
+    live_tracking = False  # the driver writes curves from each record (the task's replay_curves)
+
+    def __init__(self, task: Task, device: str = "auto") -> None:
+        import torch
+        import torch.distributed as td
+
+        if not task.ddp:
+            ddp = [n for n in task_names() if get_task(n).ddp]
+            raise ValueError(f"torchrun (DDP) runs studies of the tasks {ddp}; this study's task is {task.name!r}")
+        self.dist = dist_from_env()
+        use_cuda = torch.cuda.is_available() and device != "cpu"
+        if not td.is_initialized():
+            td.init_process_group("nccl" if use_cuda else "gloo")
+        if use_cuda:
+            torch.cuda.set_device(self.dist.local_rank)
+        self.backend = td.get_backend()
+
+    @property
+    def is_driver(self) -> bool:
+        return self.dist.is_main
+
+    def describe(self) -> str:
+        return f"DDP over {self.dist.world_size} ranks ({self.backend})"
+
+    def _next(self, job: Job | None) -> Job | None:
+        """The job rank 0 hands out (None: no more), the same on every rank."""
+        import torch.distributed as td
+
+        payload: list[Any] = [job]
         td.broadcast_object_list(payload, src=0)
-        by_id = {r.run_id: r for r in study.runs()}
-        for run_id in payload[0]:
-            run = by_id[run_id]
-            torch.set_num_threads(run.threads)
-            rec = train_run(run, dist=dist, show_progress=show)
-            if dist.is_main:
-                write_record(record_path(out / "runs", run_id), rec)
-                if study.tracking.enabled:
-                    from lnblocks.study.tracking import replay
+        return payload[0]
 
-                    replay(rec, out, study.tracking)
-                print(outcome(rec), flush=True)
-            td.barrier()
-        code = 0
-        if report and dist.is_main:
-            from lnblocks.study.report import build_report
+    def map(self, jobs: Iterator[Job], on_result: Callable[[Job, Outcome], None]) -> None:
+        """The driver's side: hand every job to all ranks, train it here too, report its record."""
+        for job in jobs:
+            self._next(job)
+            on_result(job, Outcome(record=train_job(job, dist=self.dist)))
+        self._next(None)
 
-            code = build_report(out)
-        td.barrier()
-        return code
-    finally:
-        td.destroy_process_group()
+    def serve(self) -> None:
+        """The other ranks' side: train every job the driver hands out, until it says there is no more."""
+        while (job := self._next(None)) is not None:
+            train_job(job, dist=self.dist)
+
+    def close(self) -> None:
+        import torch.distributed as td
+
+        if td.is_initialized():
+            td.barrier()  # the driver may still be writing its report
+            td.destroy_process_group()

@@ -1,28 +1,11 @@
-"""Curves of a study run while it trains: TensorBoard event files (and optionally Weights & Biases).
+"""Where a study run's curves go: the study-wide ``tracking`` section and the writers, TensorBoard event files
+(and optionally Weights & Biases), one folder per run.
 
-One TensorBoard folder per run, ``<out_dir>/tensorboard/<run_id>/``, so ``tensorboard --logdir <out_dir>/tensorboard``
-shows every run of a study side by side. Tags are grouped so TensorBoard's sections read as the diagnostics do:
-
-====================================  ==========================================================================
-``loss/train``, ``loss/eval``         training loss every step; held-out loss at each evaluation
-``lr``                                learning rate (at diagnostic steps)
-``grad_norm/global``                  gradient norm over all parameters, before clipping
-``grad_norm/<group>/layer_<i>``       per weight group (``W_Q``, ``W_K``, ``W_V``, ``W_O``, ``W_1``, ``W_2``, ``norm``)
-``update_ratio/<group>/layer_<i>``    ``||dW|| / ||W||`` of the optimizer step
-``residual_rms/embedding``,           RMS of the residual stream after the embedding and after block ``i``
-``residual_rms/layer_<i>``            (Xiong et al. 2020, arXiv:2002.04745, Lemma 2); ``residual_max/...`` likewise
-``attention/max_logit``               max attention logit over layers (Dehghani et al. 2023, arXiv:2302.05442);
-                                      per layer ``attention/max_logit/layer_<i>``, ``attention/entropy/layer_<i>``
-``output/max_logit``, ``output/log_z``  output logits (z-loss, PaLM arXiv:2204.02311)
-====================================  ==========================================================================
-
-Layers are numbered from 0, two digits (``layer_03``) so TensorBoard sorts them in order. Non-finite values (a
-diverging run) are skipped and counted in ``Tracker.skipped``: a record stores them as ``null``, so a live run and
-``replay`` of its record write the same points. The contract that makes ``replay`` equal to live logging: the
-trainer logs ``loss/train`` every step, ``loss/eval`` at every evaluation and ``diagnostics_scalars(entry)`` for
-every diagnostics entry of the record, exactly what the record keeps (values as the record rounds them), through a
-``CurveLogger`` each time it reads the losses from the device (every ``train.log_every`` steps).
-``replay`` is how the Ray driver writes curves: as each record arrives, no shared filesystem needed.
+``<out_dir>/tensorboard/<run_id>/`` holds a run's event files, so ``tensorboard --logdir <out_dir>/tensorboard``
+shows every run of a study side by side. Which scalars a run logs is its task's business (the ``lm`` task's tags:
+``lnblocks.study.lm.curves``); a ``Tracker`` takes ``log(step, {tag: value})``, skips non-finite values (a diverging
+run) and counts them in ``Tracker.skipped``, so a run logged live and one replayed from its record (which stores
+non-finite numbers as ``null``) write the same points.
 """
 
 from __future__ import annotations
@@ -31,7 +14,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,14 +49,11 @@ class TrackingConfig(Config):
         return self.tensorboard or self.wandb
 
 
-# ---- the scalars of a record -----------------------------------------------------------------------------------
+# ---- trackers --------------------------------------------------------------------------------------------------
 
 
-def _layer(i: int) -> str:
-    return f"layer_{i:02d}"
-
-
-def _finite(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
+    """``value`` as a finite float, or None (non-finite, not a number, a bool)."""
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -81,63 +61,6 @@ def _finite(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if math.isfinite(v) else None
-
-
-def diagnostics_scalars(entry: Mapping[str, Any]) -> dict[str, float | None]:
-    """TensorBoard tags of one diagnostics entry of a run record (``diagnostics[k]``: lr, grad norms, update ratios,
-    residual RMS, attention and output-logit stats; see ``lnblocks.study.diagnostics``)."""
-    out: dict[str, float | None] = {}
-    if "lr" in entry:
-        out["lr"] = entry["lr"]
-    if "grad_norm_total" in entry:
-        out["grad_norm/global"] = entry["grad_norm_total"]
-    for key in ("grad_norm", "update_ratio"):
-        for group, values in (entry.get(key) or {}).items():
-            for i, v in enumerate(values):
-                out[f"{key}/{group}/{_layer(i)}"] = v
-    for key in ("residual_rms", "residual_max"):
-        values = entry.get(key) or []
-        for i, v in enumerate(values):  # entry 0: after the embedding; entry i: after block i - 1
-            out[f"{key}/{'embedding' if i == 0 else _layer(i - 1)}"] = v
-    logits = entry.get("attn_max_logit") or []
-    finite_logits = [v for v in map(_finite, logits) if v is not None]
-    if logits:
-        out["attention/max_logit"] = max(finite_logits) if len(finite_logits) == len(logits) else None
-    for i, v in enumerate(logits):
-        out[f"attention/max_logit/{_layer(i)}"] = v
-    for i, v in enumerate(entry.get("attn_entropy") or []):
-        out[f"attention/entropy/{_layer(i)}"] = v
-    for key, tag in (("max_output_logit", "output/max_logit"), ("log_z", "output/log_z")):
-        if key in entry:
-            out[tag] = entry[key]
-    return out
-
-
-def record_body(record: Any) -> tuple[str, Mapping[str, Any]]:
-    """``(run id, measurements)`` of a run record: a dict of schema ``lnblocks.study.run/1`` (measurements at the
-    top level) or ``/2`` (under ``result``), or a ``RunRecord`` (``to_json()``)."""
-    if hasattr(record, "to_json"):
-        record = record.to_json()
-    if not isinstance(record, Mapping) or not isinstance(record.get("id"), str):
-        raise ValueError("record must be a run record (a mapping with an 'id'), got " + type(record).__name__)
-    body = record.get("result")
-    return record["id"], body if isinstance(body, Mapping) else record
-
-
-def record_scalars(record: Any) -> list[tuple[int, dict[str, float | None]]]:
-    """Every ``(step, {tag: value})`` a live run logs, rebuilt from its record, in step order."""
-    _, body = record_body(record)
-    by_step: dict[int, dict[str, float | None]] = {}
-    for step, v in enumerate(body.get("loss") or []):
-        by_step.setdefault(step, {})["loss/train"] = v
-    for step, v in (body.get("eval") or {}).get("curve") or []:
-        by_step.setdefault(int(step), {})["loss/eval"] = v
-    for entry in body.get("diagnostics") or []:
-        by_step.setdefault(int(entry["step"]), {}).update(diagnostics_scalars(entry))
-    return sorted(by_step.items())
-
-
-# ---- trackers --------------------------------------------------------------------------------------------------
 
 
 def _check_run_id(run_id: str) -> str:
@@ -156,7 +79,7 @@ class Tracker:
     def _finite_items(self, scalars: Mapping[str, Any]) -> list[tuple[str, float]]:
         items = []
         for tag, value in scalars.items():
-            v = _finite(value)
+            v = finite_float(value)
             if v is None:
                 self.skipped[tag] += 1
             else:
@@ -266,45 +189,6 @@ class MultiTracker(Tracker):
             t.close()
 
 
-class CurveLogger:
-    """Logs a training run's curves to ``tracker`` as the trainer confirms them, in the form its record keeps, so the
-    live event files equal ``replay(record)``'s.
-
-    ``update(loss, diagnostics, eval_curve)`` after each read of the losses logs what is new and can no longer be cut
-    by a divergence found later: the losses read so far, the diagnostics entries and eval points of the steps before
-    them; ``final=True`` (with the record's cut lists) logs the rest, the last eval point of a step winning as in
-    ``record_scalars``. ``round_value``: how the record stores a number (non-finite -> None).
-    """
-
-    def __init__(self, tracker: Tracker, round_value: Callable[[float], float | None]) -> None:
-        self.tracker, self.round_value = tracker, round_value
-        self.n_loss = self.n_diag = self.n_eval = 0
-
-    def update(
-        self,
-        loss: Sequence[float],
-        diagnostics: Sequence[Mapping[str, Any]],
-        eval_curve: Sequence[tuple[int, float]],
-        final: bool = False,
-    ) -> None:
-        n = len(loss)
-        for step in range(self.n_loss, n):
-            self.tracker.log(step, {"loss/train": self.round_value(loss[step])})
-        self.n_loss = n
-        while self.n_diag < len(diagnostics) and (final or diagnostics[self.n_diag]["step"] < n):
-            entry = diagnostics[self.n_diag]
-            self.tracker.log(int(entry["step"]), diagnostics_scalars(entry))
-            self.n_diag += 1
-        new = list(eval_curve[self.n_eval :])
-        if not final:
-            new = new[: next((i for i, (s, _) in enumerate(new) if s >= n), len(new))]
-        last = {s: i for i, (s, _) in enumerate(new)}  # a step evaluated twice: the later value, as the record reads
-        for i, (step, value) in enumerate(new):
-            if last[step] == i:
-                self.tracker.log(int(step), {"loss/eval": self.round_value(value)})
-        self.n_eval += len(new)
-
-
 def open_tracker(
     cfg: TrackingConfig | Mapping[str, Any] | None,
     out_dir: str | os.PathLike[str],
@@ -321,17 +205,3 @@ def open_tracker(
     if not trackers:
         return Tracker()
     return trackers[0] if len(trackers) == 1 else MultiTracker(trackers)
-
-
-def replay(
-    record: Any, out_dir: str | os.PathLike[str], tracking: TrackingConfig | Mapping[str, Any] | None = None
-) -> Tracker:
-    """Write a finished run's curves from its record (what live logging writes; by default TensorBoard only).
-    Returns the closed tracker (``log_dir``, ``skipped``)."""
-    tracking = TrackingConfig.from_dict(tracking if tracking is not None else {"tensorboard": True}, key="tracking")
-    run_id, _ = record_body(record)
-    config = (record.to_json() if hasattr(record, "to_json") else record).get("config")
-    with open_tracker(tracking, out_dir, run_id, config) as tracker:
-        for step, scalars in record_scalars(record):
-            tracker.log(step, scalars)
-    return tracker

@@ -18,122 +18,40 @@ The claims, each with its threshold (``margin`` = ``MARGIN_PP``, 1 pp = 3.6 of t
 
 "Flat" is tested against the largest batch, one interval per smaller batch size: REPRODUCED when every interval
 lies inside ``(-margin, margin)``, DID NOT REPRODUCE when one lies wholly outside, INCONCLUSIVE otherwise. Intervals
-of a difference of two means are Welch's; the t quantile comes from scipy (installed with scikit-learn).
-
-The t-interval here is local to the digits study; once ``lnblocks.study.stats`` (t-intervals and verdict helpers
-for every study) exists, ``mean_interval``/``diff_interval``/the verdict rules should move to it.
+of a difference of two means are Welch's (``lnblocks.study.core.stats.welch_difference``); the verdicts follow the
+study's one set of rules (``lnblocks.study.core.claims``: ``verdict``, ``within``, ``all_of``), and each claim is a
+``core.claims.Claim`` (ids C1-C5), NOT TESTED when the study lacks the arms it needs.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+
+from lnblocks.study.core.claims import Claim, Verdict, all_of, not_tested, verdict, within
+from lnblocks.study.core.stats import Estimate, welch_difference
 
 MARGIN_PP = 1.0  # smallest accuracy change (pp) a claim about batch dependence counts
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "REPRODUCED", "DID NOT REPRODUCE", "INCONCLUSIVE"
 SOURCES = ("in", "ln", "bn")
+PAPERS = {
+    "C1": "Wu & He 2018 (1803.08494)",
+    "C2": "Singh & Krishnan 2019 (1911.09737)",
+    "C3": "Liu et al. 2020 (2004.02967)",
+    "C4": "Luo et al. 2018 (1806.10779)",
+    "C5": "Brock et al. 2021 (2101.08692, 2102.06171)",
+}
 
 
-def t_quantile(p: float, df: float) -> float:
-    """Student's t quantile ``p`` with ``df`` (possibly fractional, Welch) degrees of freedom."""
-    from scipy.stats import t  # scikit-learn's dependency, so there wherever the digits data is
-
-    return float(t.ppf(p, df))
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A mean (or a difference of means) and its 95% t-interval; ``n`` the number of seeds (of each side)."""
-
-    mean: float
-    lo: float
-    hi: float
-    n: int
-
-    @property
-    def half(self) -> float:
-        return (self.hi - self.lo) / 2
-
-    def text(self, digits: int = 1, unit: str = "") -> str:
-        if not math.isfinite(self.half):
-            return f"{self.mean:+.{digits}f}{unit} (n={self.n}, no interval)"
-        return f"{self.mean:+.{digits}f}{unit} [{self.lo:+.{digits}f}, {self.hi:+.{digits}f}]"
+def signed(est: Estimate, digits: int = 1, unit: str = "") -> str:
+    """``"+0.5 pp [-0.5, +1.4]"``: an estimate with its interval, signed (``"(n=1, no interval)"`` without one)."""
+    if not math.isfinite(est.half_width):
+        return f"{est.value:+.{digits}f}{unit} (n={est.n}, no interval)"
+    return f"{est.value:+.{digits}f}{unit} [{est.low:+.{digits}f}, {est.high:+.{digits}f}]"
 
 
-def mean_interval(values: Sequence[float]) -> Interval:
-    """Mean and 95% t-interval (``n - 1`` df); with one value the interval is infinite."""
-    n = len(values)
-    if n == 0:
-        raise ValueError("mean_interval needs at least one value")
-    mean = sum(values) / n
-    if n == 1:
-        return Interval(mean, -math.inf, math.inf, 1)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if sd > 0 else 0.0
-    return Interval(mean, mean - half, mean + half, n)
-
-
-def diff_interval(a: Sequence[float], b: Sequence[float]) -> Interval:
-    """``mean(a) - mean(b)`` and its 95% Welch interval (Welch-Satterthwaite df); infinite if a side has n < 2."""
-    ma, mb = sum(a) / len(a), sum(b) / len(b)
-    n = min(len(a), len(b))
-    if n < 2:
-        return Interval(ma - mb, -math.inf, math.inf, n)
-    va = sum((v - ma) ** 2 for v in a) / (len(a) - 1) / len(a)
-    vb = sum((v - mb) ** 2 for v in b) / (len(b) - 1) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return Interval(ma - mb, ma - mb, ma - mb, n)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = t_quantile(0.975, df) * se
-    return Interval(ma - mb, ma - mb - half, ma - mb + half, n)
-
-
-def within(iv: Interval, margin: float) -> str:
-    """Claim ``|effect| < margin``."""
-    if -margin < iv.lo and iv.hi < margin:
-        return REPRODUCED
-    if iv.lo >= margin or iv.hi <= -margin:
-        return NOT_REPRODUCED
-    return INCONCLUSIVE
-
-
-def below(iv: Interval, threshold: float) -> str:
-    """Claim ``effect < threshold``."""
-    if iv.hi < threshold:
-        return REPRODUCED
-    if iv.lo >= threshold:
-        return NOT_REPRODUCED
-    return INCONCLUSIVE
-
-
-def above(iv: Interval, threshold: float) -> str:
-    """Claim ``effect > threshold``."""
-    return below(Interval(-iv.mean, -iv.hi, -iv.lo, iv.n), -threshold)
-
-
-def combine(verdicts: Sequence[str]) -> str:
-    """All parts reproduced: REPRODUCED; one part refuted: DID NOT REPRODUCE; else INCONCLUSIVE."""
-    if any(v == NOT_REPRODUCED for v in verdicts):
-        return NOT_REPRODUCED
-    return REPRODUCED if verdicts and all(v == REPRODUCED for v in verdicts) else INCONCLUSIVE
-
-
-# ---- the study's claims ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One paper's claim: ``verdict`` and the sentence with the numbers it rests on."""
-
-    name: str
-    verdict: str
-    text: str
-
-    def line(self) -> str:
-        return f"- **{self.name}: {self.verdict}.** {self.text}"
+def claim_line(claim: Claim) -> str:
+    """The report's line for a claim: ``- **<title>: <verdict>.** <text>``."""
+    return f"- **{claim.title}: {claim.status}.** {claim.text}"
 
 
 def _values(rows: list[dict], norm: str, key: str = "test_acc") -> dict[int, list[float]]:
@@ -144,50 +62,56 @@ def _values(rows: list[dict], norm: str, key: str = "test_acc") -> dict[int, lis
     return dict(sorted(out.items()))
 
 
-def _missing(name: str, what: str) -> Claim:
-    return Claim(name, INCONCLUSIVE, f"Not assessed: the study needs {what}.")
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
-def flat(rows: list[dict], norm: str, label: str, margin: float = MARGIN_PP) -> tuple[str, str] | None:
-    """``(verdict, numbers)`` of "accuracy is flat across batch sizes" for ``norm``, or None with < 2 sizes."""
+def _missing(cid: str, title: str, what: str) -> Claim:
+    return not_tested(cid, title, PAPERS[cid], f"the study needs {what}")
+
+
+def flat(rows: list[dict], norm: str, label: str, margin: float = MARGIN_PP) -> tuple[Verdict, str] | None:
+    """``(verdict, numbers)`` of "accuracy is flat across batch sizes" for ``norm``: every smaller batch size's
+    change from the largest lies within ``margin``. None with fewer than 2 batch sizes."""
     accs = _values(rows, norm)
     if len(accs) < 2:
         return None
     sizes = list(accs)
     ref = sizes[-1]
-    diffs = {b: diff_interval(accs[b], accs[ref]) for b in sizes[:-1]}
-    verdict = combine([within(iv, margin) for iv in diffs.values()])
+    diffs = {b: welch_difference(accs[b], accs[ref]) for b in sizes[:-1]}
+    flatness = all_of([within(d, margin) for d in diffs.values()], f"|difference| < {margin:g} at every batch size")
     n = min(len(v) for v in accs.values())
     text = (
-        f"{label} {mean_interval(accs[ref]).mean:.1f}% at batch {ref}; change at batch "
-        + ", ".join(f"{b}: {iv.text(1, ' pp')}" for b, iv in diffs.items())
+        f"{label} {_mean(accs[ref]):.1f}% at batch {ref}; change at batch "
+        + ", ".join(f"{b}: {signed(d, 1, ' pp')}" for b, d in diffs.items())
         + f" (95% intervals, n={n} seed{'s' if n != 1 else ''}; flat needs every interval inside ±{margin:g} pp)"
     )
-    return verdict, text
+    return flatness, text
 
 
-def _flat_claim(rows: list[dict], name: str, norm: str, label: str) -> Claim:
+def _flat_claim(rows: list[dict], cid: str, title: str, norm: str, label: str) -> Claim:
     result = flat(rows, norm, label)
     if result is None:
-        return _missing(name, f"{label} at two or more batch sizes")
-    return Claim(name, result[0], result[1] + ".")
+        return _missing(cid, title, f"{label} at two or more batch sizes")
+    return Claim(cid, title, PAPERS[cid], result[0], result[1] + ".")
 
 
 def wu_he(rows: list[dict], margin: float = MARGIN_PP) -> Claim:
-    name = "Wu & He (2018): BatchNorm falls at small batches, GroupNorm does not"
+    title = "Wu & He (2018): BatchNorm falls at small batches, GroupNorm does not"
     bn = _values(rows, "batch")
     gn_flat = flat(rows, "group", "GroupNorm", margin)
     if len(bn) < 2 or gn_flat is None:
-        return _missing(name, "BatchNorm and GroupNorm at two or more batch sizes")
+        return _missing("C1", title, "BatchNorm and GroupNorm at two or more batch sizes")
     small, large = min(bn), max(bn)
-    fall = diff_interval(bn[small], bn[large])
-    bn_verdict = below(fall, -margin)
+    fall = welch_difference(bn[small], bn[large])
+    bn_verdict = verdict(fall, "<", -margin)
     text = (
-        f"BatchNorm {mean_interval(bn[large]).mean:.1f}% at batch {large} -> {mean_interval(bn[small]).mean:.1f}% at "
-        f"batch {small}: {fall.text(1, ' pp')} (a fall needs the interval below -{margin:g} pp: {bn_verdict}); "
-        f"{gn_flat[1]}: {gn_flat[0]}."
+        f"BatchNorm {_mean(bn[large]):.1f}% at batch {large} -> {_mean(bn[small]):.1f}% at batch {small}: "
+        f"{signed(fall, 1, ' pp')} (a fall needs the interval below -{margin:g} pp: {bn_verdict.outcome}); "
+        f"{gn_flat[1]}: {gn_flat[0].outcome}."
     )
-    return Claim(name, combine([bn_verdict, gn_flat[0]]), text)
+    both = all_of([bn_verdict, gn_flat[0]], f"BatchNorm's difference < -{margin:g} and GroupNorm flat")
+    return Claim("C1", title, PAPERS["C1"], both, text)
 
 
 def sn_bn_weight(row: dict) -> float | None:
@@ -201,50 +125,50 @@ def sn_bn_weight(row: dict) -> float | None:
 
 
 def switchable(rows: list[dict]) -> Claim:
-    name = "Luo et al. (2018): SwitchableNorm moves weight away from BN at small batches"
+    title = "Luo et al. (2018): SwitchableNorm moves weight away from BN at small batches"
     per_batch: dict[int, list[float]] = {}
     for r in rows:
         w = sn_bn_weight(r) if r["norm"] == "switchable" else None
         if w is not None:
             per_batch.setdefault(int(r["batch_size"]), []).append(w)
     if len(per_batch) < 2:
-        return _missing(name, "SwitchableNorm runs with recorded switch weights at two or more batch sizes")
+        return _missing("C4", title, "SwitchableNorm runs with recorded switch weights at two or more batch sizes")
     small, large = min(per_batch), max(per_batch)
-    d = diff_interval(per_batch[small], per_batch[large])
-    means = ", ".join(f"batch {b}: {mean_interval(v).mean:.2f}" for b, v in sorted(per_batch.items()))
+    d = welch_difference(per_batch[small], per_batch[large])
+    means = ", ".join(f"batch {b}: {_mean(v):.2f}" for b, v in sorted(per_batch.items()))
     text = (
         f"learned BN weight (mean over layers of the mean and variance weights; 1/3 at init) {means}; "
-        f"batch {small} minus batch {large}: {d.text(2)} (95% interval, n={d.n}; the claim needs it below 0)."
+        f"batch {small} minus batch {large}: {signed(d, 2)} (95% interval, n={d.n}; the claim needs it below 0)."
     )
-    return Claim(name, below(d, 0.0), text)
+    return Claim("C4", title, PAPERS["C4"], verdict(d, "<", 0.0), text)
 
 
 def normalizer_free(rows: list[dict], margin: float = MARGIN_PP) -> Claim:
-    name = "Brock et al. (2021): no norm, scaled WS + AGC, trains to BatchNorm's accuracy"
+    title = "Brock et al. (2021): no norm, scaled WS + AGC, trains to BatchNorm's accuracy"
     nf, bn = _values(rows, "nf"), _values(rows, "batch")
     common = sorted(set(nf) & set(bn))
     if not common:
-        return _missing(name, "the NF and BatchNorm arms at a common batch size")
+        return _missing("C5", title, "the NF and BatchNorm arms at a common batch size")
     large, small = common[-1], common[0]
-    d = diff_interval(nf[large], bn[large])
+    d = welch_difference(nf[large], bn[large])
     ratios = _values(rows, "nf", "agc_grad_ratio")
-    agc = ", ".join(f"batch {b}: {mean_interval(v).mean:.2f}" for b, v in ratios.items())
+    agc = ", ".join(f"batch {b}: {_mean(v):.2f}" for b, v in ratios.items())
     text = (
-        f"at batch {large}, NF {mean_interval(nf[large]).mean:.1f}% vs BatchNorm {mean_interval(bn[large]).mean:.1f}%: "
-        f"{d.text(1, ' pp')} (the claim needs the interval above -{margin:g} pp); at batch {small}, NF "
-        f"{mean_interval(nf[small]).mean:.1f}% vs BatchNorm {mean_interval(bn[small]).mean:.1f}%."
+        f"at batch {large}, NF {_mean(nf[large]):.1f}% vs BatchNorm {_mean(bn[large]):.1f}%: "
+        f"{signed(d, 1, ' pp')} (the claim needs the interval above -{margin:g} pp); at batch {small}, NF "
+        f"{_mean(nf[small]):.1f}% vs BatchNorm {_mean(bn[small]):.1f}%."
     )
     if agc:
         text += f" AGC kept this fraction of the blocks' gradient norm, mean over steps: {agc}."
-    return Claim(name, above(d, -margin), text)
+    return Claim("C5", title, PAPERS["C5"], verdict(d, ">", -margin), text)
 
 
 def claims(rows: list[dict]) -> list[Claim]:
     """Every claim the study tests, in the report's order."""
     return [
         wu_he(rows),
-        _flat_claim(rows, "Singh & Krishnan (2019): FRN + TLU is batch-independent", "frn", "FRN + TLU"),
-        _flat_claim(rows, "Liu et al. (2020): EvoNorm-S0 is batch-independent", "evonorm_s0", "EvoNorm-S0"),
+        _flat_claim(rows, "C2", "Singh & Krishnan (2019): FRN + TLU is batch-independent", "frn", "FRN + TLU"),
+        _flat_claim(rows, "C3", "Liu et al. (2020): EvoNorm-S0 is batch-independent", "evonorm_s0", "EvoNorm-S0"),
         switchable(rows),
         normalizer_free(rows),
     ]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from lnblocks.config import Config, ConfigTypeError, ConfigValueError, check_choice, check_float, check_int
-from lnblocks.study.config import MAX_SEED, LabelledRun, check_seed
+from lnblocks.study.core.run_config import MAX_SEED, LabelledRun, check_seed
 
 # The arms: what each block's conv3x3-norm-ReLU becomes is in lnblocks.study.digits.arms (one recipe per kind).
 NORM_LABELS = {
@@ -138,8 +138,6 @@ class DigitsRunConfig(LabelledRun, DigitsSettings):
     batch_size: int = 32
     seed: int = 0
     labels: tuple[tuple[str, str], ...] = ()
-
-    TASK: ClassVar[str] = "cnn_digits"
 
     def __post_init__(self) -> None:
         super().__post_init__()

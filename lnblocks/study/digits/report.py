@@ -1,18 +1,25 @@
-"""Tables and plot of the digits study: per norm and batch size, the mean over seeds with its 95% t-interval
-(markdown, CSV) and accuracy vs batch size; the papers' claims and their verdicts are in
-``lnblocks.study.digits.claims``.
+"""The ``cnn_digits`` task's report, from its run records alone: ``results.csv`` (one row per run), ``summary.csv``
+and ``table.md`` (per norm and batch size, the mean over seeds with its 95% t-interval), ``accuracy_vs_batch.png``
+and ``report.md`` with the papers' claims and their verdicts (``lnblocks.study.digits.claims``).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import io
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lnblocks._optional import require
-from lnblocks.study.digits.claims import mean_interval
-from lnblocks.study.digits.config import NORM_LABELS
+from lnblocks.study.core.atomic import write_json_atomic, write_text_atomic
+from lnblocks.study.core.records import RunRecord
+from lnblocks.study.core.stats import mean_interval
+from lnblocks.study.digits.claims import claim_line, claims, switch_weight_table
+from lnblocks.study.digits.config import NORM_LABELS, DigitsSettings
 
 
 @dataclass(frozen=True)
@@ -39,9 +46,11 @@ def summarize(rows: list[dict], metric: str = "test_acc") -> list[Cell]:
     cells = []
     for (norm, b), rs in sorted(groups.items(), key=lambda kv: (norms.index(kv[0][0]), kv[0][1])):
         accs = [float(r[metric]) for r in rs]
-        iv = mean_interval(accs)
-        std = math.sqrt(sum((a - iv.mean) ** 2 for a in accs) / (len(accs) - 1)) if len(accs) > 1 else 0.0
-        cells.append(Cell(norm, b, iv.mean, std, iv.half, len(accs), int(rs[0]["steps"]), int(rs[0]["epochs"])))
+        est = mean_interval(accs)
+        std = math.sqrt(sum((a - est.value) ** 2 for a in accs) / (len(accs) - 1)) if len(accs) > 1 else 0.0
+        cells.append(
+            Cell(norm, b, est.value, std, est.half_width, len(accs), int(rs[0]["steps"]), int(rs[0]["epochs"]))
+        )
     return cells
 
 
@@ -79,11 +88,12 @@ def markdown_table(cells: list[Cell], what: str = "test acc. %", digits: int = 1
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    """All rows (one per run or per cell) as CSV, columns in the first row's order."""
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    """All rows (one per run or per cell) as CSV, columns in the first row's order (atomically)."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, text.getvalue())
 
 
 def plot(cells: list[Cell], path: Path, title: str = "") -> None:
@@ -111,3 +121,107 @@ def plot(cells: list[Cell], path: Path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# ---- the report files ------------------------------------------------------------------------------------------
+
+
+def row(record: RunRecord) -> dict[str, Any]:
+    """The flat row of ``results.csv`` (the columns of the digits study before the runner; SwitchableNorm's
+    ``switch_weights`` as a JSON string, empty for the other arms)."""
+    c, r = record.config, record.result
+    result = dataclasses.asdict(r)
+    result["switch_weights"] = json.dumps(r.switch_weights) if r.switch_weights is not None else ""
+    result["agc_grad_ratio"] = "" if r.agc_grad_ratio is None else r.agc_grad_ratio
+    return {"run_id": record.id, "norm": c["norm"], "batch_size": c["batch_size"], "seed": c["seed"],
+            **result, "seconds": record.time["wall_s"], "cpu_s": record.time.get("cpu_s", "")}  # fmt: skip
+
+
+def build_digits_report(
+    out: Path, records: list[RunRecord], manifest: dict[str, Any], problems: list[str], *, plots: bool, echo: bool
+) -> int:
+    """Write the report files of a ``cnn_digits`` study into ``out`` from its records (the training settings are
+    every run's; the ``manifest`` is not needed); print the table and the claims."""
+    first = records[0].config
+    cfg = DigitsSettings.from_dict({k: first[k] for k in DigitsSettings.field_names() if k in first})
+    seeds = sorted({int(r.config["seed"]) for r in records})
+    rows = [row(r) for r in records]
+    cells = summarize(rows)
+    verdicts = "\n".join(claim_line(c) for c in claims(rows))
+    write_csv(out / "results.csv", rows)
+    write_csv(out / "summary.csv", [dataclasses.asdict(c) for c in cells])
+    table = markdown_table(cells)
+    write_text_atomic(out / "table.md", table + "\n")
+    if plots:
+        plot(cells, out / "accuracy_vs_batch.png")
+    write_json_atomic(out / "config.json", {**cfg.to_dict(), "seeds": seeds})
+    loss_table = markdown_table(summarize(rows, "final_train_loss"), "training loss, last epoch, train mode", 3)
+    topped_up = sorted({c.batch_size for c in cells if c.epochs > cfg.epochs})
+    if topped_up:
+        table += (
+            f"\n\nProtocol note: batch size(s) {topped_up} trained for more than {cfg.epochs} epochs to reach "
+            f"min_steps={cfg.min_steps}, so they had more SGD time (lr x steps) than the others; differences between "
+            "those columns and the rest partly reflect the training budget, not the normalization."
+        )
+    if problems:
+        table += f"\n\n{len(problems)} runs have no valid record and are not in the table:\n" + "\n".join(
+            f"- {p}" for p in problems
+        )
+    cpu_s = sum(float(r["cpu_s"] or r["seconds"]) for r in rows)
+    sn_table = switch_weight_table(rows)
+    write_text_atomic(out / "report.md", _report(cfg, seeds, table, loss_table, sn_table, verdicts, cpu_s, len(rows)))
+    if echo:
+        print(table.split("\n\n")[0])
+        print(verdicts)
+        print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def _report(
+    cfg: DigitsSettings,
+    seeds: list[int],
+    table: str,
+    loss_table: str,
+    sn_table: str,
+    verdicts: str,
+    cpu_s: float,
+    runs: int,
+) -> str:
+    sn = (
+        f"""
+SwitchableNorm's learned importance weights at the end of training (softmax of the logits; 1/3 each at init),
+per layer, mean over seeds:
+
+{sn_table}
+"""
+        if sn_table
+        else ""
+    )
+    return f"""# Small-batch study on sklearn digits (lnblocks.cnn norms)
+
+What the papers claim about batch-size dependence, tested with 95% t-intervals over seeds (REPRODUCED, DID NOT
+REPRODUCE, or INCONCLUSIVE when an interval straddles the claim's threshold; rules in `lnblocks.study.digits.claims`):
+
+{verdicts}
+
+{table}
+
+![test accuracy vs batch size](accuracy_vs_batch.png)
+{sn}
+The mean training loss of the last epoch, measured in train mode (BatchNorm and BatchRenorm normalise with the
+batch's own statistics there, so their noise at small batches shows here even where eval accuracy does not move):
+
+{loss_table}
+
+Setup: sklearn's bundled 8x8 digits, stratified split ({1 - cfg.test_fraction:.0%} train / {cfg.test_fraction:.0%}
+test, split seed {cfg.split_seed}); CNN with conv widths {list(cfg.widths)}, one block per width (a 3x3 conv and the
+arm's norm and activation, `lnblocks.study.digits.arms`), 2x2 max-pool after the second block, global average pool,
+linear head. SGD, momentum {cfg.sgd_momentum}, weight decay {cfg.weight_decay}, linear warm-up over
+{cfg.warmup_frac:.0%} of the steps then cosine, lr = {cfg.base_lr} x batch/32 (linear scaling, Wu & He 2018),
+{cfg.epochs} epochs (at least {cfg.min_steps} steps); test accuracy in eval mode (batch-statistics norms use their
+running statistics, momentum {cfg.bn_momentum}). GroupNorm (with and without WS) and EvoNorm-S0: {cfg.gn_groups}
+groups. BatchRenorm: r_max {cfg.renorm_r_max}, d_max {cfg.renorm_d_max}, warm-up {cfg.renorm_warmup_frac:.0%} of the
+steps, then a linear ramp over {cfg.renorm_ramp_frac:.0%}. NF: AGC clipping {cfg.agc_clipping} on the blocks, not
+the head. WeightNorm: data-dependent init on {cfg.wn_init_images} training images. Seeds {seeds} set the
+initialisation and the batch order. {runs} runs; training CPU time over all runs: {cpu_s / 60:.1f} min.
+"""

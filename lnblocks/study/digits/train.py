@@ -24,9 +24,10 @@ from torch import Tensor, nn
 
 from lnblocks._optional import require
 from lnblocks.cnn import adaptive_grad_clip_
+from lnblocks.study.core.records import RunRecord
 from lnblocks.study.digits.arms import DigitsCNN, weight_norm_data_init
 from lnblocks.study.digits.config import DigitsRunConfig, DigitsSettings
-from lnblocks.study.records import DigitsResult, RunRecord
+from lnblocks.study.digits.result import DigitsResult
 
 
 @dataclass(frozen=True)

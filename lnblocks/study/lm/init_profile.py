@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lnblocks.study.config import InitProfileConfig, RunConfig, config_hash
-from lnblocks.study.records import RecordError, RunRecord, read_json, write_json_atomic
+from lnblocks.study.core.atomic import write_json_atomic
+from lnblocks.study.core.records import RecordError, RunRecord, read_json
+from lnblocks.study.core.run_config import config_hash
+from lnblocks.study.lm.config import InitProfileConfig, RunConfig
 
-FORMAT = "lnblocks.study.init_profile/1"
+FORMAT = "lnblocks.study.lm.init_profile/1"
 FILE = "init_profile.json"
 
 
@@ -78,9 +80,9 @@ def measure(run: RunConfig, seeds: list[int], batches: int, progress: Any = None
     import torch
 
     from lnblocks.models import GPT
-    from lnblocks.study import diagnostics as diag
-    from lnblocks.study.data import build_source
-    from lnblocks.study.train import PROBE_SEED_OFFSET
+    from lnblocks.study.lm import diagnostics as diag
+    from lnblocks.study.lm.data import build_source
+    from lnblocks.study.lm.train import PROBE_SEED_OFFSET
 
     source = build_source(run.data)
     grad: dict[str, list[list[float]]] = {}
@@ -112,7 +114,7 @@ def _key(run: RunConfig, settings: InitProfileConfig) -> str:
 def targets(records: list[RunRecord]) -> dict[tuple[str, int], RunConfig]:
     """One run config per (arm, depth) of the records (the first by id; LR, warmup and seed do not change the
     init)."""
-    from lnblocks.study.analysis import arch_of
+    from lnblocks.study.lm.analysis import arch_of
 
     out: dict[tuple[str, int], RunConfig] = {}
     for rec in sorted(records, key=lambda r: r.id):
@@ -124,7 +126,7 @@ def targets(records: list[RunRecord]) -> dict[tuple[str, int], RunConfig]:
 
 def profiles_from_runs(records: list[RunRecord]) -> list[InitProfile]:
     """The profiles the runs measured themselves (``init_grad``, one per training seed; ``init_profile.seeds: 0``)."""
-    from lnblocks.study.analysis import arch_of
+    from lnblocks.study.lm.analysis import arch_of
 
     acc: dict[tuple[str, int], dict[int, RunRecord]] = {}
     for rec in sorted(records, key=lambda r: r.id):

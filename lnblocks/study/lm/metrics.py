@@ -1,33 +1,11 @@
-"""Pure functions behind the study's numbers: LR schedule, divergence detection, run classification, and the
-learning-rate sensitivity of Wortsman et al. 2023. No torch, so they are tested on hand-made tables."""
+"""Pure functions behind the study's numbers: divergence detection, run classification, and the learning-rate
+sensitivity of Wortsman et al. 2023. No torch, so they are tested on hand-made tables."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-
-def lr_at(
-    step: int, lr: float, warmup: int, steps: int, schedule: str = "constant", min_lr_ratio: float = 0.0
-) -> float:
-    """Learning rate of 0-based ``step``: linear warmup ``lr * (step + 1) / warmup`` (Xiong et al. 2020, §3.2), then
-    ``"constant"``, ``"cosine"``/``"linear"`` decay from ``lr`` to ``min_lr_ratio * lr`` at ``steps - 1``, or
-    ``"inv_sqrt"`` ``lr * sqrt(max(warmup, 1) / (step + 1))`` (Vaswani et al. 2017)."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    if schedule == "constant":
-        return lr
-    if schedule == "inv_sqrt":
-        return lr * math.sqrt(max(warmup, 1) / (step + 1))
-    span = max(steps - 1 - warmup, 1)
-    frac = min(max((step - warmup) / span, 0.0), 1.0)
-    lo = min_lr_ratio * lr
-    if schedule == "cosine":
-        return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * frac))
-    if schedule == "linear":
-        return lr - (lr - lo) * frac
-    raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
 
 
 @dataclass

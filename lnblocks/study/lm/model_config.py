@@ -1,27 +1,28 @@
-"""The ``model`` section of a language-model study run: every ``BlockConfig`` and ``GPTConfig`` field by its own
-name, read from those classes (not copied), plus the study's conveniences; validated by building the ``GPTConfig``.
+"""The ``model`` section of an ``lm`` run: every ``BlockConfig`` and ``GPTConfig`` field by its own name (except
+those the study sets itself: vocabulary and sequence length from the data, ``n_layers`` from ``depth``), plus the
+study's conveniences; validated by building the ``GPTConfig``.
+
+The library fields are listed here as plain fields (typed ``Any``: the library validates them) with the library's
+defaults, except ``init`` (the study's ``xavier``) and the nested ``attention`` / ``mlp`` (None: the library's
+default); ``tests/study/test_study_config.py`` checks that they stay the library's fields with its defaults.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 from lnblocks.blocks import PLACEMENTS, BlockConfig
-from lnblocks.config import Config, ConfigTypeError, ConfigValueError, _KeyedError, check_choice, check_float, check_int
+from lnblocks.config import Config, ConfigError, ConfigTypeError, ConfigValueError, check_choice, check_float, check_int
 from lnblocks.models import GPTConfig, mix_ln
 
 STUDY_PLACEMENTS = (*PLACEMENTS, "mix_ln")  # mix_ln: built with ``lnblocks.models.mix_ln`` (Li et al. 2024)
 
-# ---- the model section: BlockConfig and GPTConfig fields, plus study conveniences ------------------------------
-
-_SET_BY_STUDY = {"vocab_size", "max_seq_len", "n_layers", "block", "placement"}
-# The study's defaults where they differ from the library's: Xiong et al. 2020's analysis setting.
-_STUDY_DEFAULTS: dict[str, Any] = {"init": "xavier"}
-BLOCK_KEYS = tuple(f.name for f in dataclasses.fields(BlockConfig) if f.init and f.name not in _SET_BY_STUDY)
-GPT_KEYS = tuple(f.name for f in dataclasses.fields(GPTConfig) if f.init and f.name not in _SET_BY_STUDY)
+# the BlockConfig and GPTConfig fields of the model section, by owner
+BLOCK_KEYS = ("dim", "norm", "attention", "mlp", "qk_norm", "depth_scaled_norm", "shared_norm", "deepnorm_alpha",
+              "rezero", "dropout", "mlp_norm")  # fmt: skip
+GPT_KEYS = ("positions", "rope_theta", "tie_weights", "final_norm", "init", "init_std", "emb_init_std", "emb_dropout",
+            "emb_norm", "qkv_init")  # fmt: skip
 # shorthand -> the (nested block field, key) pairs it sets
 SHORTHANDS: dict[str, tuple[tuple[str, str], ...]] = {
     "n_heads": (("attention", "n_heads"),),
@@ -29,33 +30,17 @@ SHORTHANDS: dict[str, tuple[tuple[str, str], ...]] = {
     "activation": (("mlp", "activation"),),
     "bias": (("attention", "qkv_bias"), ("attention", "out_bias"), ("mlp", "bias")),
 }
-QKV_INIT_GAINS = {1.0: "per_matrix", 2**-0.5: "stacked"}  # the legacy key model.qkv_init_gain
-
-
-def _library_fields() -> list[tuple[str, Any, Any]]:
-    out = []
-    for cls, names in ((BlockConfig, BLOCK_KEYS), (GPTConfig, GPT_KEYS)):
-        for f in dataclasses.fields(cls):
-            if f.name in names:
-                default = _STUDY_DEFAULTS.get(f.name, None if f.default is dataclasses.MISSING else f.default)
-                out.append((f.name, Any, field(default=default)))  # nested configs: None = the library's default
-    return out
-
-
-_LibraryModelFields = dataclasses.make_dataclass(
-    "_LibraryModelFields", _library_fields(), bases=(Config,), frozen=True, kw_only=True
-)
 
 
 def _library_error(err: Exception) -> Exception:
-    if isinstance(err, _KeyedError):
+    if isinstance(err, ConfigError):
         return err
     cls = ConfigTypeError if isinstance(err, TypeError) else ConfigValueError
     return cls("", str(err))
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
+class ModelConfig(Config):
     """The GPT of one run: every ``BlockConfig`` / ``GPTConfig`` field by its own name (``dim``, ``norm``,
     ``qk_norm``, ``mlp_norm``, ``emb_norm``, ``attention``, ``mlp``, ``rezero``, ``positions``, ``init``,
     ``qkv_init``, ...), plus:
@@ -65,14 +50,37 @@ class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
       ``floor(mix_post_fraction * depth)`` layers, Pre-LN after; Li et al. 2024, arXiv 2412.13795);
     - shorthands ``n_heads`` (``attention.n_heads``), ``mlp_hidden`` (``mlp.hidden_dim``), ``activation``
       (``mlp.activation``, default ``relu``), ``bias`` (every attention and MLP bias); a shorthand and its nested key
-      may both be given only with the same value;
-    - ``qkv_init_gain``: older spelling of ``qkv_init`` (``1.0`` = ``per_matrix``, ``2 ** -0.5`` = ``stacked``).
+      may both be given only with the same value.
 
     Defaults follow Xiong et al. 2020's analysis (arXiv 2002.04745): Xavier-normal matrices (``init: xavier``), unit
     embeddings, ReLU MLP of 4 * dim, learned positions, untied head; attention ``backend: flash_attn`` (flash-attn
     on CUDA in bf16/fp16 when installed, sdpa otherwise; the record says which ran) and norms ``backend: auto``.
     """
 
+    # BlockConfig's fields
+    dim: Any = 64
+    norm: Any = "layernorm"
+    attention: Any = None
+    mlp: Any = None
+    qk_norm: Any = None
+    depth_scaled_norm: Any = False
+    shared_norm: Any = False
+    deepnorm_alpha: Any = None
+    rezero: Any = False
+    dropout: Any = 0.0
+    mlp_norm: Any = False
+    # GPTConfig's fields
+    positions: Any = "learned"
+    rope_theta: Any = 10000.0
+    tie_weights: Any = False
+    final_norm: Any = None
+    init: Any = "xavier"  # the library's default is gpt2; the study's is Xiong et al.'s analysis setting
+    init_std: Any = 0.02
+    emb_init_std: Any = None
+    emb_dropout: Any = 0.0
+    emb_norm: Any = None
+    qkv_init: Any = "per_matrix"
+    # the study's own
     depth: int = 6
     placement: str = "pre"
     mix_post_fraction: float = 0.25
@@ -80,15 +88,11 @@ class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
     mlp_hidden: int | None = None
     activation: str | None = None
     bias: bool | None = None
-    qkv_init_gain: float | None = None
-
-    ALIASES: ClassVar[tuple[str, ...]] = ("qkv_init_gain",)
 
     def __post_init__(self) -> None:
         self._set("depth", check_int("depth", self.depth))
         check_choice("placement", self.placement, STUDY_PLACEMENTS)
         self._set("mix_post_fraction", check_float("mix_post_fraction", self.mix_post_fraction, lo=0, hi=1))
-        self._resolve_qkv_init_gain()
         nested = self._resolve_shorthands()
         try:
             block = BlockConfig.from_dict({**{k: getattr(self, k) for k in BLOCK_KEYS}, **nested, "placement": "pre"})
@@ -106,23 +110,6 @@ class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
         self._set("mlp_hidden", mlp.hidden_dim)
         self._set("activation", mlp.activation)
         self._set("bias", att.qkv_bias if att.qkv_bias == att.out_bias == mlp.bias else None)
-
-    def _resolve_qkv_init_gain(self) -> None:
-        gain = self.qkv_init_gain
-        if gain is None:
-            return
-        gain = check_float("qkv_init_gain", gain, lo=0, lo_open=True)
-        match = [v for g, v in QKV_INIT_GAINS.items() if math.isclose(gain, g, rel_tol=1e-12)]
-        if not match:
-            raise ConfigValueError(
-                "qkv_init_gain",
-                f"is the older spelling of model.qkv_init and must be 1.0 (per_matrix) or 0.7071067811865476 "
-                f"(stacked), got {gain!r}",
-            )
-        if self.qkv_init not in (GPTConfig.qkv_init, match[0]):
-            raise ConfigValueError("qkv_init_gain", f"({gain}) contradicts qkv_init={self.qkv_init!r}")
-        self._set("qkv_init", match[0])
-        self._set("qkv_init_gain", None)
 
     def _resolve_shorthands(self) -> dict[str, dict[str, Any]]:
         nested: dict[str, dict[str, Any]] = {}
@@ -167,10 +154,6 @@ class ModelConfig(_LibraryModelFields):  # type: ignore[misc, valid-type]
             block=layers,
             **{k: getattr(self, k) for k in GPT_KEYS},
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every resolved key except the consumed alias ``qkv_init_gain``."""
-        return {k: v for k, v in super().to_dict().items() if k not in self.ALIASES}
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with ``changes``; changing a shorthand (``n_heads``) or its nested config (``attention``) drops

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks._optional import require
-from lnblocks.study.analysis import arch_of, gradient_profile, grouped
-from lnblocks.study.metrics import lr_label, mean
-from lnblocks.study.records import RunRecord
+from lnblocks.study.core.records import RunRecord
+from lnblocks.study.lm.analysis import arch_of, gradient_profile, grouped
+from lnblocks.study.lm.metrics import lr_label, mean
 
 STYLES = ("-", "--", ":", "-.")
 

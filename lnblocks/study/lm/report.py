@@ -1,76 +1,26 @@
-"""Build a study's report from ``OUT/study.json`` and ``OUT/runs/*.json`` alone, for any task; and the language-model
-task's report: ``summary.csv``, ``plots/*.png``, ``report.md``, ``findings.json``, with the summary table printed.
-Rebuildable at any time with ``lnblocks study report OUT``.
-
-Records that are missing or fail validation are named (file and key) on stderr and in the report; the report is
-built from the valid ones. A ``study.json`` that cannot be read is an error naming it."""
+"""The ``lm`` task's report, built from its run records alone (``lnblocks study report OUT``): ``summary.csv``,
+``plots/*.png``, ``report.md`` and ``findings.json``, with the LR table and the findings printed. Runs without a
+valid record are named in ``report.md``; the numbers come from the valid ones."""
 
 from __future__ import annotations
 
 import csv
+import io
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lnblocks.study.analysis import grouped, run_row, sensitivity_table, warmup_table
-from lnblocks.study.config import AnalysisConfig
-from lnblocks.study.init_profile import InitProfile, study_profiles
-from lnblocks.study.metrics import lr_label, mean
-from lnblocks.study.records import RecordError, RunRecord, read_json, read_record, write_json_atomic
-from lnblocks.study.tasks import get_task
+from lnblocks.study.core.atomic import write_json_atomic, write_text_atomic
+from lnblocks.study.core.records import RunRecord
+from lnblocks.study.lm.analysis import grouped, run_row, sensitivity_table, warmup_table
+from lnblocks.study.lm.config import AnalysisConfig
+from lnblocks.study.lm.init_profile import InitProfile, study_profiles
+from lnblocks.study.lm.metrics import lr_label, mean
 
 if TYPE_CHECKING:
-    from lnblocks.study.findings import Claim
+    from lnblocks.study.core.claims import Claim
 
 MARK = {"trained": "", "stuck": " ✗", "diverged": " †"}
-
-
-def load_records(out_dir: str | Path) -> tuple[list[RunRecord], dict[str, Any], list[str]]:
-    """The valid run records of the study in ``out_dir`` (those listed in ``study.json`` when it exists), its
-    manifest, and one line per listed run without a valid record (missing, truncated, a key missing...)."""
-    out = Path(out_dir)
-    manifest: dict[str, Any] = {}
-    if (out / "study.json").exists():
-        manifest = read_json(out / "study.json", "study manifest")
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("run_ids", []), list):
-            raise RecordError(str(out / "study.json"), "run_ids", "must be a list of run ids in a JSON object")
-    elif not (out / "runs").is_dir():
-        raise FileNotFoundError(f"{out} is not a study output folder (no study.json, no runs/)")
-    ids = manifest.get("run_ids") or [p.stem for p in sorted((out / "runs").glob("*.json"))]
-    records, problems = [], []
-    for run_id in ids:
-        path = out / "runs" / f"{run_id}.json"
-        if not path.exists():
-            problems.append(f"{path}: no record (not run yet, running, or failed)")
-            continue
-        try:
-            records.append(read_record(path))
-        except RecordError as err:
-            problems.append(str(err))
-    return records, manifest, problems
-
-
-def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) -> int:
-    """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record."""
-    out = Path(out_dir)
-    records, manifest, problems = load_records(out)
-    for line in problems:
-        print(f"warning: {line}", file=sys.stderr)
-    if problems:
-        print(
-            f"warning: {len(problems)} of {len(problems) + len(records)} runs have no valid record; "
-            "`lnblocks study run` redoes them",
-            file=sys.stderr,
-        )
-    if not records:
-        print(f"no finished runs under {out / 'runs'}")
-        return 1
-    tasks = sorted({r.task for r in records})
-    task = manifest.get("task") or tasks[0]
-    if tasks != [task]:
-        raise RecordError(str(out / "runs"), "task", f"records of several tasks {tasks} in one study folder")
-    return get_task(task).report(out, records, manifest, problems, plots, echo)
 
 
 def _num(x: Any, digits: int = 3) -> str:
@@ -131,12 +81,12 @@ def profile_table(profiles: list[InitProfile]) -> list[str]:
 
 
 def write_summary_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(path)
+    """``summary.csv``: one row per run, columns in ``run_row``'s order (atomically)."""
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(path, text.getvalue())
 
 
 def render_markdown(
@@ -182,7 +132,7 @@ def render_markdown(
         "",
     ]
     if findings:
-        from lnblocks.study.findings import claims_table
+        from lnblocks.study.core.claims import claims_table
 
         lines += [*claims_table(findings), ""]
         for f in findings:
@@ -280,19 +230,17 @@ def build_lm_report(
     from lnblocks._optional import require
 
     require("numpy")  # the statistics behind the findings
-    from lnblocks.study.findings import study_claims
+    from lnblocks.study.lm.findings import study_claims
 
     profiles = study_profiles(out, records, analysis.init_profile, show_progress=echo)
     findings = study_claims(rows, profiles)
     made = []
     if plots:
-        from lnblocks.study.plots import all_plots
+        from lnblocks.study.lm.plots import all_plots
 
         made = all_plots(records, rows, out / "plots")
     text = render_markdown(manifest, records, rows, findings, made, analysis, problems, profiles)
-    tmp = out / ".report.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / "report.md")
+    write_text_atomic(out / "report.md", text)
     write_json_atomic(out / "findings.json", [f.to_dict() for f in findings])
     if echo:
         print("\n".join(lr_table(rows)))

@@ -9,9 +9,9 @@ wrote. ``claims(folder)`` recomputes the claims from the first two; the README h
     | id | claim | ... |
     <!-- /claims:placements -->
 
-    python -m lnblocks.study.results export runs/placements docs/results/placements   # after a study run
-    python -m lnblocks.study.results readme README.md                               # refresh every block
-    python -m lnblocks.study.results readme README.md --check                       # exit 1 if one is stale
+    python -m lnblocks.study.lm.results export runs/placements docs/results/placements   # after a study run
+    python -m lnblocks.study.lm.results readme README.md                               # refresh every block
+    python -m lnblocks.study.lm.results readme README.md --check                       # exit 1 if one is stale
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from lnblocks.study.analysis import read_summary
-from lnblocks.study.findings import Claim, claims_table, study_claims
-from lnblocks.study.init_profile import FILE as CACHE_FILE
-from lnblocks.study.init_profile import InitProfile
-from lnblocks.study.records import read_json, write_json_atomic
+from lnblocks.study.core.atomic import write_json_atomic
+from lnblocks.study.core.claims import Claim, claims_table
+from lnblocks.study.core.records import read_json
+from lnblocks.study.lm.analysis import read_summary
+from lnblocks.study.lm.findings import study_claims
+from lnblocks.study.lm.init_profile import FILE as CACHE_FILE
+from lnblocks.study.lm.init_profile import InitProfile
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 PROFILES = "init_profiles.json"
 KEEP_GROUPS = ("W_2",)
 BLOCK = re.compile(r"(<!-- claims:([\w.-]+) -->\n)(.*?)(<!-- /claims:\2 -->)", re.S)
@@ -93,7 +95,7 @@ def readme_blocks(text: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lnblocks.study.results", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lnblocks.study.lm.results", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="copy a study's summary, init profiles and report into a results folder")
     ex.add_argument("out_dir")

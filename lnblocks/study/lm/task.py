@@ -1,21 +1,25 @@
-"""The language-model placement study as a runner task: study file -> ``RunConfig``s -> ``train_run`` -> report.
+"""The ``lm`` task, the language-model norm-placement study (Xiong et al. 2020 at CPU scale): study file ->
+``RunConfig``s -> ``train_run`` -> report.
 
 A study file of this task has the run sections ``data``, ``model``, ``train``, ``diagnostics`` (see
-``lnblocks.study.config``), an ``analysis`` section for the report, and a ``grid`` over dotted keys of the sections.
+``lnblocks.study.lm.config``), an ``analysis`` section for the report, and a ``grid`` over dotted keys of the sections.
+Its runs train with DDP under ``torchrun``, log curves (``lm.curves``) and tokenize a corpus once before any run.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from lnblocks.blocks.config import AttentionConfig, MLPConfig
 from lnblocks.config import ConfigTypeError, ConfigValueError
-from lnblocks.study.config import BUILTIN_SOURCES, PATH_KEYS, SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
-from lnblocks.study.grid import StudyConfig, parse_axis, parse_extra_grids
-from lnblocks.study.records import RunRecord
-from lnblocks.study.tasks import Task
+from lnblocks.study.core.records import RunRecord
+from lnblocks.study.core.study_config import StudyConfig, parse_axis, parse_extra_grids
+from lnblocks.study.core.tasks import RunContext, Task
+from lnblocks.study.lm.config import BUILTIN_SOURCES, PATH_KEYS, SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
+from lnblocks.study.lm.curves import replay
+from lnblocks.study.lm.report import build_lm_report
+from lnblocks.study.lm.result import LMResult, upgrade_record
 
 TOP_LEVEL_KEYS = (*SECTIONS, "analysis", "grid", "extra_grids")  # plus the study-wide tracking and resources
 # third-level keys a grid may set: section.field.key
@@ -86,22 +90,20 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
     return study
 
 
-def train(
-    run: RunConfig, show_progress: bool = False, position: int = 0, tracking: Any = None, out_dir: str | None = None
-) -> RunRecord:
-    """One run, its curves logged live under ``out_dir`` when ``tracking`` is on."""
-    from lnblocks.study.tracking import open_tracker
-    from lnblocks.study.train import train_run
+def train(run: RunConfig, ctx: RunContext) -> RunRecord:
+    """One run (``lm.train.train_run``), its curves logged live under ``ctx.out_dir`` when ``ctx.tracking`` is on."""
+    from lnblocks.study.core.tracking import open_tracker
+    from lnblocks.study.lm.train import train_run
 
-    if tracking is None or out_dir is None:
-        return train_run(run, show_progress=show_progress, position=position)
-    with open_tracker(tracking, out_dir, run.run_id, run.to_dict()) as tracker:
-        return train_run(run, show_progress=show_progress, position=position, tracker=tracker)
+    if ctx.tracking is None or ctx.out_dir is None:
+        return train_run(run, dist=ctx.dist, show_progress=ctx.show_progress, position=ctx.position)
+    with open_tracker(ctx.tracking, ctx.out_dir, run.run_id, run.to_dict()) as tracker:
+        return train_run(run, dist=ctx.dist, show_progress=ctx.show_progress, position=ctx.position, tracker=tracker)
 
 
-def prepare(runs: list[RunConfig], show_progress: bool = False) -> list[str]:
+def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]:
     """Tokenize (or check) every distinct corpus the runs train on, once, before any run starts; one line each."""
-    from lnblocks.study.corpus import prepare as prepare_corpus
+    from lnblocks.study.lm.corpus import prepare_corpus
 
     lines = []
     corpora = {}
@@ -124,20 +126,16 @@ def outcome(record: RunRecord) -> str:
     return f"{record.id}: {msg} ({record.time['wall_s']:.0f} s)"
 
 
-def report(
-    out: Path, records: list[RunRecord], manifest: dict[str, Any], problems: list[str], plots: bool, echo: bool
-) -> int:
-    from lnblocks.study.report import build_lm_report
-
-    return build_lm_report(out, records, manifest, problems, plots=plots, echo=echo)
-
-
 TASK = Task(
     name="lm",
     study_from_dict=study_from_dict,
     train=train,
     outcome=outcome,
-    report=report,
+    report=build_lm_report,
+    result_type=LMResult,
     path_keys={f"data.{k}": ("bytes",) if k == "tokenizer" else () for k in PATH_KEYS},
-    prepare=prepare,
+    before_runs=before_runs,
+    replay_curves=replay,
+    ddp=True,
+    upgrade_record=upgrade_record,
 )

@@ -1,4 +1,5 @@
-"""One study run: build the ``GPT`` its config describes, train it, log diagnostics, return its ``RunRecord``.
+"""One run of the ``lm`` task, the one place such a run trains: build the ``GPT`` its config describes, train it
+(learning-rate schedule ``lr_at``, optimizer ``build_optimizer``), log diagnostics, return its ``RunRecord``.
 
 A run that diverges (non-finite loss, or a loss far above its start for several steps, or a final eval loss far above
 its initial one) comes back with ``status: "diverged"`` and the step: a result, not an exception. Losses stay on
@@ -9,9 +10,9 @@ slice, so a DDP run follows the single-process run up to float reduction order.
 
 GPU-sized runs (``train.dtype``, ``compile``, ``grad_accum``): ``Precision`` holds the autocast dtype and, for fp16,
 the ``GradScaler``; ``forward_backward`` feeds one optimizer step's batch as ``grad_accum`` micro-batches;
-``backends_used`` reads which norm and attention backends ran (fused Triton norms and flash-attn on CUDA when they
-can run, chosen by the modules themselves) into the record. With ``tracker``, the curves are logged as the losses
-are read, in the form the record keeps (``lnblocks.study.tracking.CurveLogger``).
+``diagnostics.backends_used`` reads which norm and attention backends ran (fused Triton norms and flash-attn on CUDA
+when they can run, chosen by the modules themselves) into the record. With ``tracker``, the curves are logged as the
+losses are read, in the form the record keeps (``lnblocks.study.lm.curves.CurveLogger``).
 """
 
 from __future__ import annotations
@@ -21,38 +22,24 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lnblocks.study import diagnostics as diag
-from lnblocks.study.config import RunConfig, TrainConfig
-from lnblocks.study.data import build_source
-from lnblocks.study.metrics import DivergenceMonitor, lr_at
-from lnblocks.study.records import LMResult, RunRecord
-from lnblocks.study.tracking import CurveLogger, Tracker
+from lnblocks.study.core.records import RunRecord
+from lnblocks.study.core.tasks import DistContext
+from lnblocks.study.core.tracking import Tracker
+from lnblocks.study.lm import diagnostics as diag
+from lnblocks.study.lm.config import RunConfig, TrainConfig
+from lnblocks.study.lm.curves import CurveLogger
+from lnblocks.study.lm.data import build_source
+from lnblocks.study.lm.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
+from lnblocks.study.lm.metrics import DivergenceMonitor
+from lnblocks.study.lm.result import LMResult
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
-
-
-@dataclass(frozen=True)
-class DistContext:
-    """Where this process sits in a ``torchrun`` job (world_size 1: not distributed)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
 
 
 def resolve_device(name: str, dist: DistContext) -> torch.device:
@@ -62,6 +49,28 @@ def resolve_device(name: str, dist: DistContext) -> torch.device:
     if not torch.cuda.is_available():
         raise ValueError("train.device is 'cuda' but no CUDA device is available")
     return torch.device("cuda", dist.local_rank if dist.enabled else torch.cuda.current_device())
+
+
+def lr_at(
+    step: int, lr: float, warmup: int, steps: int, schedule: str = "constant", min_lr_ratio: float = 0.0
+) -> float:
+    """Learning rate of 0-based ``step``: linear warmup ``lr * (step + 1) / warmup`` (Xiong et al. 2020, §3.2), then
+    ``"constant"``, ``"cosine"``/``"linear"`` decay from ``lr`` to ``min_lr_ratio * lr`` at ``steps - 1``, or
+    ``"inv_sqrt"`` ``lr * sqrt(max(warmup, 1) / (step + 1))`` (Vaswani et al. 2017)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    if schedule == "inv_sqrt":
+        return lr * math.sqrt(max(warmup, 1) / (step + 1))
+    span = max(steps - 1 - warmup, 1)
+    frac = min(max((step - warmup) / span, 0.0), 1.0)
+    lo = min_lr_ratio * lr
+    if schedule == "cosine":
+        return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * frac))
+    if schedule == "linear":
+        return lr - (lr - lo) * frac
+    raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -152,61 +161,6 @@ def forward_backward(
     return total if accum == 1 else total / accum
 
 
-def backends_used(model: nn.Module) -> dict[str, str]:
-    """The norm and attention backends the latest eager forward of ``model`` ran (``last_backend`` of every norm
-    and attention module; several distinct ones joined with ``+``)."""
-    from lnblocks.blocks.attention import Attention
-    from lnblocks.norms.modules import Norm
-
-    found: dict[str, set[str]] = {"norm_backend": set(), "attention_backend": set()}
-    for m in model.modules():
-        key = "norm_backend" if isinstance(m, Norm) else "attention_backend" if isinstance(m, Attention) else None
-        if key is not None and m.last_backend is not None:
-            found[key].add(m.last_backend)
-    return {k: "+".join(sorted(v)) if v else "none" for k, v in found.items()}
-
-
-def finite_or_none(x: float | None) -> float | None:
-    """JSON has no NaN/Inf: a non-finite number is stored as null."""
-    return None if x is None or not math.isfinite(x) else float(f"{x:.7g}")
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any]) -> float:
-    """Mean cross-entropy (nats/token) over the fixed held-out batches."""
-    was_training = model.training
-    model.eval()
-    try:
-        with autocast():
-            total = sum(float(model(x, y)[1]) for x, y in batches)
-    finally:
-        model.train(was_training)
-    return total / len(batches)
-
-
-class _SkipBlock(nn.Module):
-    """Stands in for a block during ``layer_ablation``: passes the residual stream on unchanged."""
-
-    def forward(self, s: Any, *args: Any) -> Any:
-        return s
-
-
-def layer_ablation(
-    model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any]
-) -> list[float | None]:
-    """The eval loss with block ``l`` skipped (its input passed on as its output), for every ``l``: how much each
-    layer contributes after training (Sun et al. 2025, arXiv 2502.05795: in Pre-LN the deep layers barely do)."""
-    out = []
-    for i in range(len(model.blocks)):
-        block = model.blocks[i]
-        model.blocks[i] = _SkipBlock()
-        try:
-            out.append(finite_or_none(evaluate(model, batches, autocast)))
-        finally:
-            model.blocks[i] = block
-    return out
-
-
 def _progress(total: int, desc: str, position: int, show: bool) -> Any:
     if not show:
         return contextlib.nullcontext(None)
@@ -224,7 +178,7 @@ def train_run(
     tracker: Tracker | None = None,
 ) -> RunRecord:
     """Train ``run`` and return its record (``RunRecord`` with an ``LMResult``); ``tracker``: where its curves go
-    while it trains (``lnblocks.study.tracking.open_tracker``)."""
+    while it trains (``lnblocks.study.core.tracking.open_tracker``)."""
     from lnblocks.models import GPT
 
     dist = dist or DistContext()

@@ -3,17 +3,17 @@
 and ``datasets`` datasets tokenized once (local HF tokenizer or bytes) into that format in a cache folder.
 
 ``CorpusConfig`` describes a corpus (the ``data`` section keys of the ``tokens``, ``text`` and ``hf_dataset``
-sources), ``prepare(cfg)`` tokenizes/checks it and returns a ``CorpusSummary`` (tokens, vocabulary, reference
+sources), ``prepare_corpus(cfg)`` tokenizes/checks it and returns a ``CorpusSummary`` (tokens, vocabulary, reference
 losses), ``open_corpus(cfg, seq_len=..., batch_size=...)`` gives the ``TokenFileSource`` a run trains on.
 """
 
 from lnblocks._optional import require
 
 require("numpy")  # first, so that a plain install (no study extra) is told which extra to install
-from lnblocks.study.corpus.config import CORPUS_SOURCES, CorpusConfig, default_cache_dir
-from lnblocks.study.corpus.prepare import CORPUS_FORMAT, CorpusSummary, open_corpus, prepare
-from lnblocks.study.corpus.tokenizer import TextTokenizer
-from lnblocks.study.corpus.tokens import (
+from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, CorpusConfig, default_cache_dir
+from lnblocks.study.lm.corpus.prepare import CORPUS_FORMAT, CorpusSummary, open_corpus, prepare_corpus
+from lnblocks.study.lm.corpus.tokenizer import TextTokenizer
+from lnblocks.study.lm.corpus.tokens import (
     TokenFileSource,
     count_tokens,
     reference_from_counts,
@@ -31,7 +31,7 @@ __all__ = [
     "count_tokens",
     "default_cache_dir",
     "open_corpus",
-    "prepare",
+    "prepare_corpus",
     "reference_from_counts",
     "reference_losses",
     "unigram_from_counts",

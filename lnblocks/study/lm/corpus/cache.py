@@ -1,12 +1,11 @@
 """Files of the corpus cache, written so that a crash or a second process never leaves a half-written corpus:
-temporary names in the same folder renamed into place (``os.replace`` is atomic on POSIX and Windows), and one
-lock file per corpus (``filelock``: an OS lock, released when its process dies, so a killed run leaves no stale
-lock)."""
+token files under temporary names in the same folder renamed into place (``os.replace`` is atomic on POSIX and
+Windows; JSON files go through the study's ``core.atomic.write_json_atomic``), and one lock file per corpus
+(``filelock``: an OS lock, released when its process dies, so a killed run leaves no stale lock)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import uuid
@@ -19,17 +18,6 @@ import numpy as np
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file and a rename (readers see the old or the new file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
-        tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks._optional import require
-from lnblocks.study.corpus.config import CorpusConfig, expand_patterns
+from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns
 
 BLOCK_BYTES = 1 << 22
 PIECE_BYTES = 1 << 16

@@ -1,4 +1,4 @@
-"""``prepare``: tokenize a ``text`` / ``hf_dataset`` corpus once into nanoGPT-format token files in the cache (or
+"""``prepare_corpus``: tokenize a ``text`` / ``hf_dataset`` corpus once into nanoGPT-format token files in the cache (or
 check a ``tokens`` corpus), count its tokens and compute its reference losses; ``open_corpus``: the
 ``TokenFileSource`` a run trains on.
 
@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from lnblocks._optional import require
-from lnblocks.study.corpus import documents as docs
-from lnblocks.study.corpus.cache import TokenWriter, corpus_lock, write_json_atomic
-from lnblocks.study.corpus.config import CorpusConfig, expand_patterns
-from lnblocks.study.corpus.tokenizer import TextTokenizer
-from lnblocks.study.corpus.tokens import (
+from lnblocks.study.core.atomic import write_json_atomic
+from lnblocks.study.lm.corpus import documents as docs
+from lnblocks.study.lm.corpus.cache import TokenWriter, corpus_lock
+from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns
+from lnblocks.study.lm.corpus.tokenizer import TextTokenizer
+from lnblocks.study.lm.corpus.tokens import (
     TokenFileSource,
     check_sample,
     reference_from_counts,
@@ -42,7 +43,7 @@ SPLITS = ("train", "val")
 
 @dataclasses.dataclass(frozen=True)
 class CorpusSummary:
-    """What ``prepare`` found or made: the token files, their sizes, vocabulary and reference losses.
+    """What ``prepare_corpus`` found or made: the token files, their sizes, vocabulary and reference losses.
 
     ``cached``: the corpus was already in the cache (nothing tokenized); ``seconds``: time spent tokenizing.
     """
@@ -254,7 +255,7 @@ def _prepare_tokens(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
     )
 
 
-def prepare(cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool = True) -> CorpusSummary:
+def prepare_corpus(cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool = True) -> CorpusSummary:
     """Tokenize (``text``, ``hf_dataset``: once, then from the cache) or check (``tokens``: sizes, every id, and the
     reference losses, cached) the corpus ``cfg`` describes. What ``lnblocks data prepare CONFIG`` runs."""
     cfg = CorpusConfig.from_dict(cfg, key="data") if not isinstance(cfg, CorpusConfig) else cfg
@@ -275,7 +276,7 @@ def open_corpus(
     """The training source of a corpus (prepared first if needed): a drop-in sibling of the study's built-in
     sources (``batch(B, generator)``, ``eval_set()``, ``reference``, ``vocab_size``)."""
     cfg = CorpusConfig.from_dict(cfg, key="data") if not isinstance(cfg, CorpusConfig) else cfg
-    summary = prepare(cfg, show_progress=show_progress)
+    summary = prepare_corpus(cfg, show_progress=show_progress)
     return TokenFileSource(
         summary.train_path,
         summary.val_path,

@@ -1,5 +1,5 @@
 """Published claims checked on a study's runs, each with n, an estimate, its 95% interval and a three-valued verdict
-(``lnblocks.study.stats``; the rules and scales are in docs/study-claims.md):
+(``lnblocks.study.core.stats``, ``lnblocks.study.core.claims``; the rules and scales are in docs/study-claims.md):
 
 - ``xiong``: Xiong et al. 2020, Pre-LN vs Post-LN (X1-X8), when the study has both;
 - ``wortsman``: Wortsman et al. 2023, qk-layernorm, z-loss, LR sensitivity (W1-W4), when it has Pre-LN with and
@@ -14,30 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from lnblocks.study.findings.common import Claim
-from lnblocks.study.findings.placements import placement_claims
-from lnblocks.study.findings.wortsman import wortsman_claims
-from lnblocks.study.findings.xiong import xiong_claims
-from lnblocks.study.init_profile import InitProfile
+from lnblocks.study.core.claims import Claim
+from lnblocks.study.lm.findings.placements import placement_claims
+from lnblocks.study.lm.findings.wortsman import wortsman_claims
+from lnblocks.study.lm.findings.xiong import xiong_claims
+from lnblocks.study.lm.init_profile import InitProfile
 
-__all__ = ["Claim", "claims_table", "placement_claims", "study_claims", "wortsman_claims", "xiong_claims"]
+__all__ = ["placement_claims", "study_claims", "wortsman_claims", "xiong_claims"]
 
 
 def study_claims(rows: list[dict[str, Any]], profiles: list[InitProfile]) -> list[Claim]:
     """Every claim the study's arms can test, in the order of docs/study-claims.md."""
     return [*xiong_claims(rows, profiles), *wortsman_claims(rows), *placement_claims(rows, profiles)]
-
-
-def claims_table(claims: list[Claim]) -> list[str]:
-    """Markdown verdict table: id, claim, paper, estimate with its interval and n, verdict, what would settle an
-    INCONCLUSIVE one, and the scale a claim needs."""
-    lines = [
-        "| id | claim | paper (arXiv) | estimate [95% interval] | verdict | would settle it | needs more scale |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for c in claims:
-        needs = c.scale if c.outcome is None or str(c.outcome) != "REPRODUCED" else ""
-        lines.append(
-            f"| {c.id} | {c.title} | {c.paper} | {c.estimate or '–'} | {c.status} | {c.settle() or ''} | {needs} |"
-        )
-    return lines

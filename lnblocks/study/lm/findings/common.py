@@ -1,5 +1,5 @@
-"""What every claim check shares: the ``Claim`` a check returns, which arm of a study plays which role, per-cell
-run tables, threshold comparisons, and how numbers and rules are written.
+"""What every claim check of the ``lm`` task shares (the ``Claim`` a check returns is ``core.claims``'s): which arm
+of a study plays which role, per-cell run tables, threshold comparisons, and how numbers and rules are written.
 
 Units. A *cell* is one run's coordinates besides its arm: (depth, LR, warmup, seed). Trained-run claims pool the
 cells a claim covers (e.g. every LR and warmup at every depth) because a config has few seeds; cells of one seed
@@ -9,82 +9,15 @@ pooled. Init-profile claims use fresh seeds, which are independent.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from lnblocks.study.metrics import lr_label
-from lnblocks.study.stats import Estimate, Outcome, Verdict, agreement, largest_stable_lr, verdict
+from lnblocks.study.core.stats import Estimate, agreement, largest_stable_lr
+from lnblocks.study.lm.metrics import lr_label
 
 SHARE_RULE = "share rule: REPRODUCED when the 95% Clopper-Pearson lower bound is above 1/2 (>= 6/6, 8/9, 10/12, 13/16)"
 INTERVAL_RULE = "REPRODUCED when the 95% interval lies wholly on the claimed side"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A published claim checked on a study: ``id`` (docs/study-claims.md), ``title`` (the claim), ``paper``,
-    the ``verdict`` (None: not tested, ``text`` says why), ``text`` with every number, and ``scale``: what scale
-    the claim needs when this one cannot settle it."""
-
-    id: str
-    title: str
-    paper: str
-    verdict: Verdict | None
-    text: str
-    scale: str = ""
-
-    @property
-    def outcome(self) -> Outcome | None:
-        return None if self.verdict is None else self.verdict.outcome
-
-    @property
-    def status(self) -> str:
-        return "NOT TESTED" if self.verdict is None else str(self.verdict.outcome)
-
-    @property
-    def estimate(self) -> str:
-        return "" if self.verdict is None else format(self.verdict.estimate)
-
-    def settle(self) -> str:
-        """What would settle an INCONCLUSIVE verdict ("~9 seeds"), else ""."""
-        v = self.verdict
-        if v is None or v.outcome is not Outcome.INCONCLUSIVE:
-            return ""
-        if v.seeds_needed is not None:
-            unit = "units" if v.estimate.successes is not None else "seeds"
-            return f"~{v.seeds_needed} {unit}"
-        return "no n (no effect)" if v.estimate.value == v.threshold else "unknown (n=1)"
-
-    def to_dict(self) -> dict[str, Any]:
-        """``findings.json``: ``title``, ``status`` and ``text`` (what ``make demo`` prints) and the numbers."""
-        v = self.verdict
-        est = None
-        if v is not None:
-            e = v.estimate
-            est = {"value": e.value, "low": e.low, "high": e.high, "n": e.n, "label": e.label, "successes": e.successes}
-        return {
-            "id": self.id, "title": f"{self.id} {self.title}", "paper": self.paper, "status": self.status.lower(),
-            "text": self.text, "estimate": est, "estimate_text": self.estimate, "settle": self.settle(),
-            "rule": None if v is None else v.claim,
-            "seeds_needed": None if v is None else v.seeds_needed, "scale": self.scale,
-        }  # fmt: skip
-
-
-def not_tested(cid: str, title: str, paper: str, why: str) -> Claim:
-    return Claim(cid, title, paper, None, f"Not tested: {why}.")
-
-
-def judged(cid: str, title: str, paper: str, est: Estimate | None, claim: str, threshold: float | None, text: str,
-           scale: str = "", none_why: str = "no unit of the grid tells the arms apart") -> Claim:  # fmt: skip
-    """A claim with ``verdict(est, claim, threshold)``, or not tested (``none_why``) when there is no estimate."""
-    if est is None:
-        return Claim(cid, title, paper, None, f"{text} Not tested: {none_why}.".strip(), scale)
-    text = text.rstrip()
-    c = Claim(cid, title, paper, verdict(est, claim, threshold), text, scale)
-    settle = f"; would settle it: {c.settle()}" if c.settle() else ""
-    return dataclasses.replace(c, text=f"{text} Verdict: {c.status} ({c.verdict.claim}){settle}.")
 
 
 # ---- arms -----------------------------------------------------------------------------------------------------

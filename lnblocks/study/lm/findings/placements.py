@@ -11,22 +11,20 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from lnblocks.study.findings.common import (
+from lnblocks.study.core.claims import Claim, judged, not_tested
+from lnblocks.study.core.stats import Estimate, agreement, mean_interval, ols_slope
+from lnblocks.study.lm.findings.common import (
     SHARE_RULE,
-    Claim,
     discordant,
     discordant_text,
     fmt,
-    judged,
-    not_tested,
     paired_cells,
     roles,
     show,
     threshold_text,
     trained,
 )
-from lnblocks.study.init_profile import InitProfile
-from lnblocks.study.stats import Estimate, agreement, mean_interval, ols_slope
+from lnblocks.study.lm.init_profile import InitProfile
 
 DEEPNORM = "Wang et al. 2022 (2203.00555)"
 PERI = "Ding et al. 2021 (2105.13290); Kim et al. 2025 (2502.02732)"

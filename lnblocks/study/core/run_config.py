@@ -1,0 +1,68 @@
+"""What every task's run config shares: grid ``labels`` and an id hashed from the resolved config, stable across
+sessions and machines (``<readable labels>-<10 hex of sha256>``), and the seed range the study accepts.
+
+A task's run config is a frozen ``lnblocks.config.Config`` dataclass that also derives from ``LabelledRun`` and has
+``labels``, ``threads`` (torch threads of the process that trains it, pinned by the executors) and ``cost``
+(relative, for scheduling the most expensive runs first); a task that runs under ``torchrun`` gives it a ``device``
+too (``"cpu"``, ``"cuda"`` or ``"auto"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, TypeVar
+
+from lnblocks.config import ConfigValueError, check_int
+
+# Seeds feed torch.Generator.manual_seed (64 bits) after a task adds its stream offsets (< 2**21).
+MAX_SEED = 2**62
+
+_Run = TypeVar("_Run", bound="LabelledRun")
+
+
+def check_seed(key: str, value: Any) -> int:
+    """An int in ``[0, 2**62]``: what ``torch.Generator.manual_seed`` takes once a task adds its offsets."""
+    value = check_int(key, value, minimum=0)
+    if value > MAX_SEED:
+        raise ConfigValueError(
+            key, f"must be in [0, 2**62] (a torch.Generator seed plus the study's offsets), got {value}"
+        )
+    return value
+
+
+def config_hash(resolved: dict[str, Any]) -> str:
+    """10 hex digits of sha256 over the resolved config as canonical JSON."""
+    blob = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def run_id(labels: tuple[tuple[str, str], ...], digest: str) -> str:
+    """``<axis=label_...>-<digest>`` with file-name-safe characters."""
+    slug = "_".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in labels)
+    slug = "".join(c if c.isalnum() or c in "=._-+" else "-" for c in slug)[:80]
+    return f"{slug}-{digest}" if slug else digest
+
+
+class LabelledRun:
+    """Mixin of every task's run config: ``labels`` (grid axis -> value label, for tables; not hashed) and an id
+    hashed from ``to_dict()``, the resolved config."""
+
+    labels: tuple[tuple[str, str], ...]
+
+    def with_labels(self: _Run, labels: tuple[tuple[str, str], ...]) -> _Run:
+        return dataclasses.replace(self, labels=labels)
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.to_dict())  # type: ignore[attr-defined]
+
+    @property
+    def run_id(self) -> str:
+        """``<readable labels>-<10 hex of sha256(resolved config)>``: stable across sessions and machines."""
+        return run_id(self.labels, self.hash)
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)

@@ -1,0 +1,108 @@
+"""What one ``lm`` run measured: ``LMResult``, the ``result`` of its ``RunRecord``; and how records that older
+lnblocks wrote are read (``upgrade_record``): schema 1 (these measurements at the top level) in the schema-2 layout,
+and the config keys those versions used, ``model.qkv_init_gain`` and ``train.amp_dtype``, as today's ``qkv_init``
+and ``dtype`` (the config classes themselves accept only today's keys)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from lnblocks.study.core.records import SCHEMA_V1, RecordError
+
+
+@dataclass(frozen=True)
+class LMResult:
+    """The measurements of one run (see ``lnblocks.study.lm.train``).
+
+    ``loss``: training loss per step; ``eval``: held-out loss ``init``, ``final`` (null when diverged) and
+    ``curve`` ``[[step, loss], ...]``; ``reference``: ``uniform`` (ln V), ``unigram`` (the context-free plateau) and,
+    for the Markov source, ``floor``; ``diagnostics``: one dict per logged step; ``init_grad``: Xiong et al.'s
+    expected gradient at init (or null); ``diverged_reason``: why a diverged run stopped; ``layer_ablation``: the
+    final eval loss ``base`` and, per layer, the eval loss with that block skipped (``skip``), or null.
+    """
+
+    # config keys the report reads: checked when a record is loaded
+    CONFIG: ClassVar[dict[str, Any]] = {
+        "data.source": (str,), "data.seq_len": (int,), "data.batch_size": (int,),
+        "model.placement": (str,), "model.depth": (int,), "model.dim": (int,), "model.norm.kind": (str,),
+        "train.lr": "num", "train.warmup": (int,), "train.schedule": (str,), "train.seed": (int,),
+        "train.steps": (int,),
+    }  # fmt: skip
+    TIME: ClassVar[dict[str, Any]] = {"wall_s": "num", "cpu_s": "num", "step_ms": "num"}
+    SPEC: ClassVar[dict[str, Any]] = {
+        "reference.uniform": "num", "reference.unigram": "num", "model": (dict,), "steps_done": (int,),
+        "diverged_step": (int, type(None)), "initial_loss": "num?", "final_train_loss": "num?",
+        "eval.init": "num?", "eval.final": "num?", "eval.curve": (list,), "loss": "num[]", "diagnostics": (list,),
+    }  # fmt: skip
+
+    reference: dict[str, float]
+    model: dict[str, Any]
+    steps_done: int
+    diverged_step: int | None
+    initial_loss: float | None
+    final_train_loss: float | None
+    eval: dict[str, Any]
+    loss: list[float | None]
+    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    init_grad: dict[str, Any] | None = None
+    diverged_reason: str | None = None
+    layer_ablation: dict[str, Any] | None = None
+
+
+_V1_RESULT_KEYS = (
+    "reference", "model", "steps_done", "diverged_step", "initial_loss", "final_train_loss", "eval", "loss",
+    "diagnostics", "init_grad",
+)  # fmt: skip
+
+
+def upgrade_record(obj: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A record of this task as the current code reads it: schema 1 in the schema-2 layout (as task ``lm``), and
+    the recorded config with the older keys renamed; ``RecordError`` naming ``source`` for values no version wrote."""
+    out = _from_v1(obj, source) if obj.get("format") == SCHEMA_V1 else dict(obj)
+    config = out.get("config")
+    if isinstance(config, dict):
+        out["config"] = _current_keys(config, source)
+    return out
+
+
+def _from_v1(obj: Mapping[str, Any], source: str) -> dict[str, Any]:
+    for key in ("id", "status", "labels", "config", "time", "env", *_V1_RESULT_KEYS[:-1]):
+        if key not in obj:  # every key but init_grad was always written
+            raise RecordError(source, key, f"is missing (a record of schema {SCHEMA_V1!r})")
+    out = {k: obj[k] for k in ("format", "id", "status", "labels", "config", "time", "env")}
+    out["task"] = "lm"
+    out["result"] = {k: obj[k] for k in _V1_RESULT_KEYS if k in obj}
+    return out
+
+
+# (section, older key, current key, older value -> current value, the current key's default)
+_RENAMED = (
+    ("model", "qkv_init_gain", "qkv_init", {1.0: "per_matrix", 2**-0.5: "stacked"}, "per_matrix"),
+    ("train", "amp_dtype", "dtype", {"float32": "fp32", "bfloat16": "bf16"}, "fp32"),
+)
+
+
+def _current_keys(config: dict[str, Any], source: str) -> dict[str, Any]:
+    """``config`` with each older key replaced by the current one (an older key set to null is dropped)."""
+    out = dict(config)
+    for section, old, new, table, default in _RENAMED:
+        if not isinstance(out.get(section), dict) or old not in out[section]:
+            continue
+        values = dict(out[section])
+        value = values.pop(old)
+        if value is not None:
+            match = [v for k, v in table.items() if k == value or (isinstance(k, float) and _close(k, value))]
+            if not match:
+                raise RecordError(source, f"config.{section}.{old}", f"must be one of {list(table)}, got {value!r}")
+            if values.get(new, default) not in (default, match[0]):
+                raise RecordError(source, f"config.{section}.{old}", f"({value!r}) contradicts {new}={values[new]!r}")
+            values[new] = match[0]
+        out[section] = values
+    return out
+
+
+def _close(a: float, b: Any) -> bool:
+    return isinstance(b, (int, float)) and not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-12)
