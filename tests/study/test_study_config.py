@@ -156,3 +156,33 @@ def test_placements_config_runs_every_variant_for_two_steps() -> None:
             assert "norm" not in d["grad_norm"]  # nothing to report for a norm-free stack
         else:
             assert len(d["grad_norm"]["norm"]) == 4
+
+
+def test_model_and_data_sections_list_the_library_fields_with_their_defaults() -> None:
+    """``ModelConfig`` and ``DataConfig`` are written out (no generated dataclass), so a test keeps them equal to what
+    they mirror: every ``BlockConfig`` / ``GPTConfig`` field but those the study sets itself, with the library's
+    default (``init``: the study's ``xavier``; nested configs: None), and every ``CorpusConfig`` field but ``source``,
+    ``vocab_size`` and ``val_fraction`` (``eval_fraction``), with its default."""
+    import dataclasses
+
+    from lnblocks.blocks import BlockConfig
+    from lnblocks.models import GPTConfig
+    from lnblocks.study.lm.config import CORPUS_KEYS, DataConfig
+    from lnblocks.study.lm.corpus import CorpusConfig
+    from lnblocks.study.lm.model_config import BLOCK_KEYS, GPT_KEYS
+
+    model = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    owners = (
+        (BlockConfig, BLOCK_KEYS, {"placement"}),
+        (GPTConfig, GPT_KEYS, {"vocab_size", "max_seq_len", "n_layers", "block"}),
+    )
+    for cls, keys, set_by_study in owners:
+        library = {f.name: f.default for f in dataclasses.fields(cls) if f.name not in set_by_study}
+        assert list(keys) == list(library), cls.__name__
+        for name, default in library.items():
+            expected = "xavier" if name == "init" else None if default is dataclasses.MISSING else default
+            assert model[name] == expected, f"ModelConfig.{name}"
+    data = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+    corpus = {f.name: f.default for f in dataclasses.fields(CorpusConfig)}
+    assert list(CORPUS_KEYS) == [k for k in corpus if k not in ("source", "vocab_size", "val_fraction")]
+    assert {k: data[k] for k in CORPUS_KEYS} == {k: corpus[k] for k in CORPUS_KEYS}

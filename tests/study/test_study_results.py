@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from lnblocks.study import run_study
-from lnblocks.study.lm.results import RESULTS, claims, export, readme_blocks, render_block, update_readme
+from lnblocks.study.lm.docs_results import RESULTS, claims, export, readme_blocks, render_block, update_readme
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = """
@@ -43,6 +43,6 @@ def test_readme_claims_tables_equal_the_committed_results() -> None:
     assert set(blocks) == {"xiong2020_quick", "wortsman2023_quick", "placements", "xiong2020_heldout"}
     for name, block in blocks.items():
         assert block == render_block(RESULTS / name), f"README claims block {name!r} is stale: run " + (
-            "python -m lnblocks.study.lm.results readme README.md"
+            "python -m lnblocks.study.lm.docs_results readme README.md"
         )
     assert update_readme(text) == text

@@ -11,7 +11,7 @@ import pytest
 scipy_stats = pytest.importorskip("scipy.stats")
 scipy_special = pytest.importorskip("scipy.special")
 
-from lnblocks.study.core.claims import Outcome, Verdict, verdict  # noqa: E402
+from lnblocks.study.core.claims import Outcome, Verdict, all_of, verdict, within  # noqa: E402
 from lnblocks.study.core.stats import (  # noqa: E402
     Estimate,
     agreement,
@@ -29,6 +29,7 @@ from lnblocks.study.core.stats import (  # noqa: E402
     share,
     slope_over_seeds,
     t_ppf,
+    welch_difference,
 )
 
 
@@ -175,6 +176,35 @@ def test_bootstrap_of_the_mean_is_close_to_the_t_interval_for_normal_seeds() -> 
 
 
 # ---- verdicts on synthetic seeds with known answers ----------------------------------------------------------------
+
+
+def test_welch_difference_matches_scipy_ttest_ind() -> None:
+    """Welch's interval (unequal variances, fractional df) equals scipy's ``ttest_ind(equal_var=False)``."""
+    a, b = with_moments(5, 99.0, 0.4, seed=1), with_moments(7, 97.5, 1.5, seed=2)
+    d = welch_difference(a, b)
+    ci = scipy_stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert d.value == pytest.approx(1.5, abs=1e-12) and d.n == 5 and d.label == "difference"
+    assert (d.low, d.high) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    assert math.isinf(welch_difference([1.0], [2.0, 3.0]).half_width)  # one seed on a side: no interval
+    assert welch_difference([1.0, 1.0], [0.0, 0.0]).half_width == 0.0  # no spread: the point itself
+
+
+def test_within_and_all_of() -> None:
+    """``|value| < margin``: inside the margin, wholly beyond it, straddling it; a claim of parts is reproduced
+    only when every part is and refuted when one part is."""
+    tight = mean_interval(with_moments(16, 0.2, 0.2))  # [0.09, 0.31]
+    assert within(tight, 1.0).outcome is Outcome.REPRODUCED and within(tight, 1.0).claim == "|mean| < 1"
+    assert within(mean_interval(with_moments(16, -3.0, 0.2)), 1.0).outcome is Outcome.DID_NOT_REPRODUCE
+    noisy = within(mean_interval(with_moments(4, 0.8, 1.0)), 1.0)  # [-0.79, 2.39]: straddles +1
+    assert noisy.outcome is Outcome.INCONCLUSIVE and noisy.threshold == 1.0
+    assert noisy.seeds_needed == seeds_needed(noisy.estimate, 1.0)
+    yes, no = within(tight, 1.0), within(mean_interval(with_moments(16, -3.0, 0.2)), 1.0)
+    assert all_of([yes, yes], "both").outcome is Outcome.REPRODUCED
+    assert all_of([yes, noisy], "both").outcome is Outcome.INCONCLUSIVE
+    assert all_of([yes, noisy], "both").estimate is noisy.estimate  # the part that decides it
+    assert all_of([noisy, no, yes], "all").outcome is Outcome.DID_NOT_REPRODUCE
+    with pytest.raises(ValueError, match="margin must be a finite number > 0"):
+        within(tight, 0.0)
 
 
 def test_clear_effect_is_reproduced_and_its_opposite_is_not() -> None:

@@ -149,7 +149,7 @@ def _values(values: Sequence[float], name: str, minimum: int = 1) -> np.ndarray:
     if arr.ndim != 1 or arr.size < minimum:
         raise ValueError(f"{name} must be a flat sequence of at least {minimum} number(s), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite (cap diverged runs first, e.g. metrics.capped), got {values!r}")
+        raise ValueError(f"{name} must be finite (cap diverged runs first), got {values!r}")
     return arr
 
 

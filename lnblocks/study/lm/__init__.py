@@ -3,6 +3,6 @@
 
 ``task``: the task and its study files; ``config`` / ``model_config``: a run's typed config; ``source`` / ``data`` /
 ``corpus``: the tokens a run trains on; ``train``: one run; ``result``: what a run records; ``diagnostics``,
-``curves``: what a run measures and logs; ``metrics``, ``analysis``, ``init_profile``, ``findings``: the numbers
-and claims of the report; ``plots``, ``report``: the report; ``results``: the committed results and the README's
-claims tables."""
+``curves``: what a run measures and logs; ``analysis``, ``init_profile``, ``findings``: the numbers and claims of
+the report; ``plots``, ``report``: the report; ``docs_results``: the results committed under ``docs/results`` and
+the README's claims tables."""

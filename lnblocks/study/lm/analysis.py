@@ -1,6 +1,7 @@
-"""The study's analyses over run records: one flat row per run (``summary.csv``, which ``read_summary`` reads back
-with its types), Xiong et al. 2020's gradient profile by layer, loss against learning rate with Wortsman et al.
-2023's LR sensitivity, and warmup sensitivity. The published claims checked on these rows are in
+"""The ``lm`` report's numbers over run records: how a run is classified (trained / stuck / diverged), Wortsman et
+al. 2023's learning-rate sensitivity and the max stable LR (pure functions, tested on hand-made tables), one flat row
+per run (``summary.csv``, which ``read_summary`` reads back with its types), Xiong et al. 2020's gradient profile by
+layer, and the LR and warmup sensitivity tables. The published claims checked on these rows are in
 ``lnblocks.study.lm.findings``."""
 
 from __future__ import annotations
@@ -8,12 +9,73 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.lm.config import AnalysisConfig
-from lnblocks.study.lm.metrics import capped, classify, lr_sensitivity, max_stable_lr, mean
+
+# ---- the numbers of one run and of an LR grid (no torch: tested on hand-made tables) -----------------------
+
+
+def classify(final_loss: float | None, diverged: bool, plateau: float, stuck_margin: float) -> str:
+    """``"diverged"``, ``"stuck"`` (final loss within ``stuck_margin`` of the context-free ``plateau``, or above
+    it) or ``"trained"``."""
+    if diverged or final_loss is None or not math.isfinite(final_loss):
+        return "diverged"
+    return "stuck" if final_loss > plateau - stuck_margin else "trained"
+
+
+def capped(loss: float | None, initial: float) -> float:
+    """``min(loss, initial)``, with a diverged (None / non-finite) loss counted as no progress (Wortsman et al.)."""
+    if loss is None or not math.isfinite(loss):
+        return initial
+    return min(loss, initial)
+
+
+def lr_sensitivity(losses: Mapping[float, float | None], initial: float) -> float:
+    """Wortsman et al. 2023's LR sensitivity: ``E_lr[min(l(lr), l0) - l*]`` with ``l* = min_lr min(l(lr), l0)``,
+    the mean over the (log-spaced) LR grid. 0 means insensitive -- or that no LR trained at all (check ``l*``)."""
+    if not losses:
+        raise ValueError("lr_sensitivity needs at least one (lr, loss) pair")
+    vals = [capped(v, initial) for v in losses.values()]
+    best = min(vals)
+    return sum(v - best for v in vals) / len(vals)
+
+
+def max_stable_lr(losses: Mapping[float, float | None], reference: float, tol: float = 0.1) -> float | None:
+    """The largest LR whose loss is within ``tol`` of ``reference`` (e.g. the best loss at that depth), or None
+    (docs/study-protocol.md)."""
+    ok = [lr for lr, v in losses.items() if v is not None and math.isfinite(v) and v <= reference + tol]
+    return max(ok) if ok else None
+
+
+def mean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def log_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``log y`` against ``log x`` (e.g. last-layer gradient norm against depth)."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+    if len(pts) < 2:
+        return math.nan
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else math.nan
+
+
+def lr_label(lr: float) -> str:
+    """``1e-3`` style label for tables and plots."""
+    exp = math.floor(math.log10(lr))
+    mant = lr / 10**exp
+    return f"{mant:g}e{exp}"
+
+
+# ---- the rows and tables of the report -------------------------------------------------------------------------
+
 
 SWEEP_AXES = {"model.depth": "depth", "train.lr": "lr", "train.warmup": "warmup", "train.seed": "seed"}
 

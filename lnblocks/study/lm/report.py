@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from lnblocks.study.core.atomic import write_json_atomic, write_text_atomic
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.lm.analysis import grouped, run_row, sensitivity_table, warmup_table
+from lnblocks.study.lm.analysis import grouped, lr_label, mean, run_row, sensitivity_table, warmup_table
 from lnblocks.study.lm.config import AnalysisConfig
 from lnblocks.study.lm.init_profile import InitProfile, study_profiles
-from lnblocks.study.lm.metrics import lr_label, mean
 
 if TYPE_CHECKING:
     from lnblocks.study.core.claims import Claim

@@ -22,7 +22,8 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,7 +37,6 @@ from lnblocks.study.lm.config import RunConfig, TrainConfig
 from lnblocks.study.lm.curves import CurveLogger
 from lnblocks.study.lm.data import build_source
 from lnblocks.study.lm.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
-from lnblocks.study.lm.metrics import DivergenceMonitor
 from lnblocks.study.lm.result import LMResult
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
@@ -71,6 +71,41 @@ def lr_at(
     if schedule == "linear":
         return lr - (lr - lo) * frac
     raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
+
+
+@dataclass
+class DivergenceMonitor:
+    """Streaming divergence test: a non-finite loss diverges at once; a loss above ``initial + margin`` diverges
+    after ``patience`` consecutive such steps (a single spike is not a divergence). ``step`` is where it fired."""
+
+    margin: float = 3.0
+    patience: int = 10
+    initial: float | None = None
+    step: int | None = None
+    streak: int = field(default=0, repr=False)  # consecutive steps above initial + margin so far
+
+    def update(self, step: int, loss: float) -> bool:
+        """Feed the loss of ``step``; True once the run has diverged."""
+        if self.step is not None:
+            return True
+        if not math.isfinite(loss):
+            self.step = step
+            return True
+        if self.initial is None:
+            self.initial = loss
+        self.streak = self.streak + 1 if loss > self.initial + self.margin else 0
+        if self.streak >= self.patience:
+            self.step = step
+        return self.step is not None
+
+
+def detect_divergence(losses: Sequence[float], margin: float = 3.0, patience: int = 10) -> int | None:
+    """The step at which ``DivergenceMonitor`` fires on ``losses`` (the first is the reference), or None."""
+    mon = DivergenceMonitor(margin=margin, patience=patience)
+    for step, loss in enumerate(losses):
+        if mon.update(step, float(loss)):
+            return mon.step
+    return None
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

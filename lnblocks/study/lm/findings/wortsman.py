@@ -16,6 +16,7 @@ import numpy as np
 
 from lnblocks.study.core.claims import Claim, judged
 from lnblocks.study.core.stats import agreement, largest_stable_lr, mean_interval, ols_slope
+from lnblocks.study.lm.analysis import lr_label, lr_sensitivity
 from lnblocks.study.lm.findings.common import (
     SHARE_RULE,
     discordant,
@@ -25,7 +26,6 @@ from lnblocks.study.lm.findings.common import (
     show,
     trained,
 )
-from lnblocks.study.lm.metrics import lr_label, lr_sensitivity
 
 PAPER = "Wortsman et al. 2023 (2309.14322)"
 SCALE_LOGZ = "z-loss 1e-4 moves log Z slowly: the paper's runs are 1e5 steps; a GPU config with 10k+ steps"

@@ -1,5 +1,5 @@
-"""Committed study results: what a study's claims are computed from, kept small enough to version, and the README's
-verdict tables generated from them (never typed by hand).
+"""The results committed under ``docs/results/``: what a study's claims are computed from, kept small enough to
+version, and the README's verdict tables generated from them (never typed by hand).
 
 ``docs/results/<study>/`` holds a study's ``summary.csv`` (one row per run), ``init_profiles.json`` (the per-seed
 init gradient profiles of W_2 and the init residual RMS), and the ``report.md`` and ``findings.json`` its report
@@ -9,9 +9,9 @@ wrote. ``claims(folder)`` recomputes the claims from the first two; the README h
     | id | claim | ... |
     <!-- /claims:placements -->
 
-    python -m lnblocks.study.lm.results export runs/placements docs/results/placements   # after a study run
-    python -m lnblocks.study.lm.results readme README.md                               # refresh every block
-    python -m lnblocks.study.lm.results readme README.md --check                       # exit 1 if one is stale
+    python -m lnblocks.study.lm.docs_results export runs/placements docs/results/placements  # after a study run
+    python -m lnblocks.study.lm.docs_results readme README.md                                # refresh every block
+    python -m lnblocks.study.lm.docs_results readme README.md --check                        # exit 1 if one is stale
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def readme_blocks(text: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lnblocks.study.lm.results", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lnblocks.study.lm.docs_results", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="copy a study's summary, init profiles and report into a results folder")
     ex.add_argument("out_dir")
