@@ -165,3 +165,13 @@ def test_every_study_module_imports_alone() -> None:
         "print(len(names))\n"
     )
     assert int(run(code)) == len(MODULES) + 2
+
+
+def test_readme_layout_lists_every_study_module() -> None:
+    readme = (STUDY.parents[1] / "README.md").read_text()
+    layout = readme.split("## Layout")[1].split("\n## ")[0]
+    for path in MODULES.values():
+        rel = path.relative_to(STUDY).as_posix()
+        if path.name == "__init__.py" and rel != "__init__.py" and len(ast.parse(path.read_text()).body) == 1:
+            continue  # a package docstring and nothing else
+        assert f"`{rel}`" in layout, f"README's Layout section does not list lnblocks/study/{rel}"

@@ -26,12 +26,6 @@ from lnblocks.study.core.tasks import Task, get_task
 EXECUTORS = ("local", "ray", "torchrun")
 
 
-def _load(config: str | Path | StudyConfig, overrides: Mapping[str, Any] | None) -> StudyConfig:
-    if isinstance(config, StudyConfig):
-        return config.override(overrides) if overrides else config
-    return load_study(config, overrides=overrides)
-
-
 def _executor_name(name: str, workers: int, ray_address: str | None) -> str:
     """The executor to use (``local`` becomes ``torchrun`` under torchrun); ``ValueError`` for bad combinations."""
     from lnblocks.study.core.torchrun import launched_by_torchrun
@@ -100,7 +94,10 @@ def run_study(
     trains with DDP uses all the ranks.
     """
     name = _executor_name(executor, workers, ray_address)
-    study = _load(config, overrides)
+    if isinstance(config, StudyConfig):
+        study = config.override(overrides) if overrides else config
+    else:
+        study = load_study(config, overrides=overrides)
     task = get_task(study.task)
     _require_packages(study, name, report)
     out = Path(out_dir)

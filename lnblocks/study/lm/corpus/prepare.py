@@ -189,7 +189,7 @@ def _tokenize_dataset(
                     writers[split].write(np.concatenate(parts))
 
 
-def _prepare_tokenized(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
+def _tokenize_into_cache(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
     tok = TextTokenizer(cfg.tokenizer)
     vocab_size = cfg.vocab_size or tok.vocab_size
     if vocab_size < tok.vocab_size:
@@ -234,7 +234,7 @@ def _prepare_tokenized(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
         return _summary(folder, meta, cached=False)
 
 
-def _prepare_tokens(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
+def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
     dtype = np.dtype(cfg.token_dtype)
     assert cfg.train_path is not None and cfg.val_path is not None and cfg.vocab_size is not None
     train, val = Path(os.path.expanduser(cfg.train_path)), Path(os.path.expanduser(cfg.val_path))
@@ -260,8 +260,8 @@ def prepare_corpus(cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool
     reference losses, cached) the corpus ``cfg`` describes. What ``lnblocks data prepare CONFIG`` runs."""
     cfg = CorpusConfig.from_dict(cfg, key="data") if not isinstance(cfg, CorpusConfig) else cfg
     if cfg.source == "tokens":
-        return _prepare_tokens(cfg, show_progress)
-    return _prepare_tokenized(cfg, show_progress)
+        return _check_token_files(cfg, show_progress)
+    return _tokenize_into_cache(cfg, show_progress)
 
 
 def open_corpus(
