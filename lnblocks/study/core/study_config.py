@@ -1,8 +1,8 @@
 """``StudyConfig``: a study file (with ``extends:`` base files) validated and expanded into one run config per grid
 point, for any task; ``load_study`` reads one (``lnblocks.study.core.studyfile``) and asks its task to validate it.
 
-A study file names its ``task`` (default: the default task, see ``core.tasks``), holds the base run's options and a
-``grid``. Each grid axis is either a dotted key with a list of values::
+A study file names its ``task`` (without one: the default task registered in ``core.tasks``), holds the base run's
+options and a ``grid``. Each grid axis is either a dotted key with a list of values::
 
     grid:
       model.placement: [pre, post]
@@ -23,8 +23,7 @@ the axis order (so the labels) stay the main grid's, and points already in the g
     extra_grids:
       - {variant: [pre, post], model.depth: [24]}   # depth 24 for two of the variants only
 
-Labels
-are unique per distinct value (a dict value's label names the options that tell it apart). ``extends: base.yaml``
+Labels are unique per distinct value (a dict value's label names the options that tell it apart). ``extends: base.yaml``
 (or a list) deep-merges the base files first (paths relative to the including file); ``null`` removes a key. A value
 set in a file that an inherited grid axis would override in every run is refused.
 
