@@ -37,7 +37,7 @@ def test_what_a_task_does_not_support_is_refused() -> None:
     with pytest.raises(ValueError, match=r"task 'cnn_digits' logs no curves; tracking is for \['lm'\]"):
         study_from_dict({**DIGITS, "tracking": {"tensorboard": True}})
     with pytest.raises(ValueError, match=r"torchrun \(DDP\) runs studies of the tasks \['lm'\]; .* 'cnn_digits'"):
-        TorchrunExecutor(get_task("cnn_digits"))
+        TorchrunExecutor(get_task("cnn_digits"), study_from_dict(DIGITS).runs()[0])
     with pytest.raises(ValueError, match=r"--executor torchrun needs a launch by torchrun \(WORLD_SIZE > 1\)"):
         run_study(study_from_dict(LM), "unused", executor="torchrun")
 

@@ -106,7 +106,7 @@ def run_study(
         return _run(study, task, out, show, report, lambda todo: _local_or_ray(name, workers, todo, study, ray_address))
     from lnblocks.study.core.torchrun import TorchrunExecutor
 
-    ddp = TorchrunExecutor(task, device=study.runs()[0].device)
+    ddp = TorchrunExecutor(task, study.runs()[0])
     try:
         if not ddp.is_driver:  # ranks > 0 train what rank 0's loop hands out
             ddp.serve()

@@ -29,12 +29,12 @@ def launched_by_torchrun() -> bool:
 
 
 class TorchrunExecutor:
-    """Every job trains on all ranks of this torchrun job; ``device``: the runs' device (``"cpu"`` picks gloo,
-    anything else nccl when CUDA is available)."""
+    """Every job trains on all ranks of this torchrun job; ``run``: a run of the study, whose ``device``
+    (``"cpu"``, ``"cuda"``, ``"auto"``) picks the backend: gloo for ``"cpu"`` or without CUDA, else nccl."""
 
     live_tracking = False  # the driver writes curves from each record (the task's replay_curves)
 
-    def __init__(self, task: Task, device: str = "auto") -> None:
+    def __init__(self, task: Task, run: Any) -> None:
         import torch
         import torch.distributed as td
 
@@ -42,7 +42,7 @@ class TorchrunExecutor:
             ddp = [n for n in task_names() if get_task(n).ddp]
             raise ValueError(f"torchrun (DDP) runs studies of the tasks {ddp}; this study's task is {task.name!r}")
         self.dist = dist_from_env()
-        use_cuda = torch.cuda.is_available() and device != "cpu"
+        use_cuda = torch.cuda.is_available() and run.device != "cpu"
         if not td.is_initialized():
             td.init_process_group("nccl" if use_cuda else "gloo")
         if use_cuda:

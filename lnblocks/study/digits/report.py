@@ -154,7 +154,9 @@ def build_digits_report(
     write_text_atomic(out / "table.md", table + "\n")
     if plots:
         plot(cells, out / "accuracy_vs_batch.png")
-    write_json_atomic(out / "config.json", {**cfg.to_dict(), "seeds": seeds})
+    grid = {"norms": list(dict.fromkeys(r["norm"] for r in rows)), "batch_sizes": sorted({c.batch_size for c in cells}),
+            "seeds": seeds}  # fmt: skip
+    write_json_atomic(out / "config.json", {**cfg.to_dict(), **grid})  # the keys of DigitsStudyConfig
     loss_table = markdown_table(summarize(rows, "final_train_loss"), "training loss, last epoch, train mode", 3)
     topped_up = sorted({c.batch_size for c in cells if c.epochs > cfg.epochs})
     if topped_up:
