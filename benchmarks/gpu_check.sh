@@ -115,7 +115,7 @@ name: gpu_check
 description: one bf16 run of the placement study, from benchmarks/gpu_check.sh
 data: {source: markov, $STUDY_DATA, eval_batches: 2}
 model: {$STUDY_SIZE, activation: relu, init: xavier}
-train: {$STUDY_TRAIN, amp_dtype: bfloat16, optimizer: {name: adam, beta2: 0.98}}
+train: {$STUDY_TRAIN, dtype: bf16, optimizer: {name: adam, beta2: 0.98}}
 diagnostics: {every: $STUDY_EVERY, init_grad_batches: 1, probe_batch_size: 4}
 grid: {model.placement: [pre]}
 YAML
@@ -136,7 +136,7 @@ def backends(obj, path=""):
         yield f"{path}={obj}"
 found = list(backends(rec))
 print(f"study record: status={rec.get('status')} device={rec.get('env', {}).get('device')} "
-      f"amp={rec.get('config', {}).get('train', {}).get('amp_dtype')} step_ms={rec.get('time', {}).get('step_ms')}")
+      f"dtype={rec.get('config', {}).get('train', {}).get('dtype')} step_ms={rec.get('time', {}).get('step_ms')}")
 print("record backends:", ", ".join(found) if found else "none recorded")
 if not any("norm" in f for f in found):
     print("note: this study version records no norm backend (the GPT's norms use backend='auto': fused on CUDA)")

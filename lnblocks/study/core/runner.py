@@ -41,7 +41,9 @@ def _executor_name(name: str, workers: int, ray_address: str | None) -> str:
             "--workers is for --executor local; with Ray as many runs train at once as the cluster's resources "
             "allow (resources.cpus_per_run / gpus_per_run in the study file)"
         )
-    if launched_by_torchrun() and name != "ray":
+    if launched_by_torchrun():
+        if name == "ray":
+            raise ValueError("--executor ray runs without torchrun (every rank would start its own Ray driver)")
         name = "torchrun"
     if name == "torchrun":
         if not launched_by_torchrun():
