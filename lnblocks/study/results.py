@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import re
 import shutil
 import sys
@@ -201,21 +202,17 @@ def attn_logit_figure(rows: list[dict], profiles: list[InitProfile], found: list
             seeds = [(lr, v) for lr in xs for v in by_lr[lr]]
             dots = {"x": [s[0] for s in seeds], "y": [s[1] for s in seeds], "ls": "", "ms": 2.5, "alpha": 0.45}
             lines.append({**dots, "color": color})
+    steps = max(r["steps_done"] for r in runs)
     panel = {
-        "title": "max attention logit after 300 steps (Pre-LN; dots: single seeds)", **_lr_axis(lrs),
+        "title": f"max attention logit after {steps} steps (Pre-LN; dots: single seeds)", **_lr_axis(lrs),
         "ylabel": "max attention logit (log scale)", "yscale": "log", "lines": lines, "legend": "upper left",
     }  # fmt: skip
     return {"title": _verdicts(found, ("W1", "W2a")), "panels": [panel], "panel_size": (7.2, 4.4)}
 
 
 def _geomean(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None and v > 0]
-    if not vals:
-        return None
-    prod = 1.0
-    for v in vals:
-        prod *= v ** (1 / len(vals))
-    return prod
+    vals = [math.log(v) for v in values if v is not None and v > 0]
+    return math.exp(sum(vals) / len(vals)) if vals else None
 
 
 Figure = Callable[[list[dict], list[InitProfile], list[Claim]], dict[str, Any]]
@@ -260,11 +257,11 @@ def stale_figures(img_dir: str | Path, root: str | Path = RESULTS, tolerance: fl
     """Names of the figures in ``img_dir`` that are missing, whose recorded data hash differs from what the results
     give now, or whose pixels differ from a fresh drawing in more than ``tolerance`` of them (a font renderer may
     move a few edge pixels; a changed line, label or style moves many)."""
-    from PIL import Image
-
     img_dir, stale = Path(img_dir), []
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = {p.stem: p for p in write_figures(tmp, root)}
+        fresh = {p.stem: p for p in write_figures(tmp, root)}  # needs matplotlib (and so Pillow), or names its extra
+        from PIL import Image
+
         for name in FIGURES:
             path = img_dir / f"{name}.png"
             if not path.is_file():
