@@ -31,7 +31,7 @@ CASES: dict[str, dict[str, Any]] = {
     "llama": {
         "block": {
             "placement": "pre",
-            "norm": {"kind": "rmsnorm", "cast": "llama"},
+            "norm": {"kind": "rmsnorm", "cast": "llama", "residual_in_fp32": True},
             "qk_norm": "rmsnorm",
             "mlp": {"activation": "swiglu", "hidden_dim": 32, "bias": False},
             "attention": {**ATTN, "qkv_bias": False, "out_bias": False},

@@ -137,6 +137,17 @@ def negative_control() -> dict:
     }
 
 
+def fp32_residual_between_blocks() -> dict:
+    """FSDP2 in bf16 must not round a ``residual_in_fp32`` stream to bf16 where it enters a block."""
+    config = ParallelConfig(dp_shard=2, param_dtype="bfloat16", reduce_dtype="float32")
+    torch.manual_seed(0)
+    model = parallelize(GPT(gpt_config("llama")), build_mesh(config), config)  # llama: residual_in_fp32
+    seen = []
+    model.blocks[1].register_forward_pre_hook(lambda mod, args: seen.append(args[0].residual.dtype))
+    model(*split_batch(build_mesh(config), *batches()[0]))
+    return {"ok": seen == [torch.float32], "detail": f"residual entering block 1: {seen}"}
+
+
 def triton_dtensor_probe() -> dict:
     """Whether a fused Triton norm accepts a DTensor input on this branch (ok: it does, and matches torch)."""
     from torch.distributed.tensor import DTensor, Shard
@@ -214,6 +225,7 @@ def all_checks(ckpt_dir: Path) -> dict[str, Callable[[], dict]]:
     if dist.get_world_size() == 4:
         return checks
     checks["negative_control/fsdp_grad_sum"] = negative_control
+    checks["fsdp_bf16/fp32_residual_between_blocks"] = fp32_residual_between_blocks
     checks["triton/dtensor_probe"] = triton_dtensor_probe
     for mode, cases in TRITON_MODES.items():
         for case in cases:

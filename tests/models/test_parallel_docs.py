@@ -32,7 +32,7 @@ def check_output(out: str) -> None:
     for _, sharded, single in steps:
         assert abs(float(sharded) - float(single)) <= 2e-6, out  # printed to 6 decimals
     err = float(re.search(r"difference from the one-process run ([\d.e+-]+)", out).group(1))
-    assert err <= 1e-5, out
+    assert err <= 5e-5, out  # measured 1.8e-6 (FSDP2), 8.8e-6 (TP): AdamW steps of 3e-3 on near-zero gradients
 
 
 def test_example_under_torchrun_two_processes(tmp_path: Path) -> None:

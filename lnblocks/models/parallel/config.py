@@ -69,10 +69,14 @@ class ParallelConfig(Config):
         return (self.dp_shard, self.tp)
 
     def mp_policy(self) -> MixedPrecisionPolicy:
-        """FSDP2's ``MixedPrecisionPolicy`` for ``param_dtype`` / ``reduce_dtype``."""
+        """FSDP2's ``MixedPrecisionPolicy`` for ``param_dtype`` / ``reduce_dtype``. Block inputs are not cast
+        (``cast_forward_inputs=False``): the stream already has the dtype of the bf16 embeddings, and a residual kept
+        in fp32 (``norm.residual_in_fp32``) must stay fp32 between the blocks, as in the unsharded model."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        return MixedPrecisionPolicy(param_dtype=_dtype(self.param_dtype), reduce_dtype=_dtype(self.reduce_dtype))
+        return MixedPrecisionPolicy(
+            param_dtype=_dtype(self.param_dtype), reduce_dtype=_dtype(self.reduce_dtype), cast_forward_inputs=False
+        )
 
     def check_world_size(self, world_size: int) -> None:
         """``ValueError`` unless ``dp_shard * tp`` is the number of processes."""
