@@ -148,6 +148,21 @@ def fp32_residual_between_blocks() -> dict:
     return {"ok": seen == [torch.float32], "detail": f"residual entering block 1: {seen}"}
 
 
+def generate_under_fsdp() -> dict:
+    """``GPT.generate`` calls the trunk directly, not ``forward``, which skips FSDP2's root all-gather (the class of
+    pytorch #157209): after ``model.unshard()`` greedy decoding equals the unsharded model's token for token."""
+    config = ParallelConfig(dp_shard=2)
+    torch.manual_seed(0)
+    ref = GPT(gpt_config("pre"))
+    model = parallelize(copy.deepcopy(ref), build_mesh(config), config)
+    idx = batches()[0][0][:, :3]
+    model.unshard()
+    got = model.generate(idx, 4, temperature=0)
+    model.reshard()
+    want = ref.generate(idx, 4, temperature=0)
+    return {"ok": torch.equal(got, want), "detail": f"sharded {got.tolist()} vs one process {want.tolist()}"}
+
+
 def triton_dtensor_probe() -> dict:
     """Whether a fused Triton norm accepts a DTensor input on this branch (ok: it does, and matches torch)."""
     from torch.distributed.tensor import DTensor, Shard
@@ -226,6 +241,7 @@ def all_checks(ckpt_dir: Path) -> dict[str, Callable[[], dict]]:
         return checks
     checks["negative_control/fsdp_grad_sum"] = negative_control
     checks["fsdp_bf16/fp32_residual_between_blocks"] = fp32_residual_between_blocks
+    checks["fsdp/generate_after_unshard"] = generate_under_fsdp
     checks["triton/dtensor_probe"] = triton_dtensor_probe
     for mode, cases in TRITON_MODES.items():
         for case in cases:

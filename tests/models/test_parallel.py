@@ -28,7 +28,12 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 EQUIVALENCE = [f"{mode}/{case}" for mode, (*_, cases) in MODES.items() for case in cases]
 TRITON = [f"triton/{mode}/{case}" for mode, cases in TRITON_MODES.items() for case in cases]
-OTHERS = ["negative_control/fsdp_grad_sum", "triton/dtensor_probe", "fsdp_bf16/fp32_residual_between_blocks"]
+OTHERS = [
+    "negative_control/fsdp_grad_sum",
+    "triton/dtensor_probe",
+    "fsdp_bf16/fp32_residual_between_blocks",
+    "fsdp/generate_after_unshard",
+]
 BAD = [f"bad_input/{name}" for name in BAD_INPUTS]
 STATE = [f"state/{name}" for name in parallel_state.STATE_CHECKS]
 
@@ -65,6 +70,10 @@ def test_negative_control_a_scaled_gradient_fails_the_comparison(launch: tuple[d
 
 def test_mixed_precision_keeps_an_fp32_residual_stream_between_blocks(launch: tuple[dict, Path]) -> None:
     passed(launch, "fsdp_bf16/fp32_residual_between_blocks")
+
+
+def test_generate_under_fsdp_after_unshard(launch: tuple[dict, Path]) -> None:
+    passed(launch, "fsdp/generate_after_unshard")
 
 
 @pytest.mark.parametrize("name", TRITON)
