@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from parallel_cases import batches, gpt_config
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -28,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from lnblocks import GPT
 from lnblocks.models.parallel import ParallelConfig, build_mesh, parallelize, split_batch
+from tests.models.parallel_cases import batches, gpt_config
 
 CASE = "llama"  # fused [q; k; v] with GQA, QK-norm, RoPE, gated MLP, tied head: the layout that is easiest to get wrong
 FULL = StateDictOptions(full_state_dict=True)

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
+from tests.models import parallel_state
+from tests.models.parallel_cases import MODES, MODES_2D, TRITON_MODES
+from tests.models.parallel_checks import BAD_INPUTS
+from tests.models.parallel_launch import torchrun
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import parallel_state  # noqa: E402
-from parallel_cases import MODES, MODES_2D, TRITON_MODES  # noqa: E402
-from parallel_checks import BAD_INPUTS  # noqa: E402
-from parallel_launch import torchrun  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 

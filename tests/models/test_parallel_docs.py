@@ -4,15 +4,13 @@ wrong world size stops both ranks with the ``ValueError`` instead of a hang."""
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from parallel_launch import torchrun
+from tests.models.parallel_launch import torchrun
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sharding.md"
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
