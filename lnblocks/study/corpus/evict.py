@@ -205,3 +205,42 @@ def clean(cache_dir: Path, keep: int | None) -> dict[str, Any]:
         "freed_bytes": freed,
         "kept_bytes": sum(e.size for e in kept + busy),
     }
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return ""
+
+
+def clean_command(cache_dir: str | None, keep: str | None, everything: bool) -> int:
+    """``lnblocks data clean [--keep N | --all] [--cache-dir DIR]``: clean the corpus cache and say what went.
+    Without ``--keep``/``--all`` it keeps ``$LNBLOCKS_CORPUS_KEEP`` (default 8) entries. Bad input: ``ValueError``."""
+    from lnblocks.study.corpus.config import default_cache_dir
+
+    if everything and keep is not None:
+        raise ValueError("data clean takes --keep N or --all, not both")
+    limit: int | None = None
+    if not everything:
+        if keep is None:
+            limit = keep_limit()
+        else:
+            try:
+                limit = int(keep)
+            except ValueError:
+                limit = -1
+            if limit < 0:
+                raise ValueError(f"--keep must be an int >= 0 (entries to keep), got {keep!r}")
+    folder = Path(os.path.expanduser(cache_dir)) if cache_dir else default_cache_dir()
+    if cache_dir and not folder.is_dir():
+        raise ValueError(f"--cache-dir: no such folder: {cache_dir!r}")
+    done = clean(folder, limit)
+    busy = f", {done['in_use']} in use left alone" if done["in_use"] else ""
+    print(
+        f"corpus cache {folder}: removed {done['removed']} corpus entr{'y' if done['removed'] == 1 else 'ies'} and "
+        f"{done['references']} reference-loss file(s), {_human(done['freed_bytes'])} freed; kept {done['kept']} "
+        f"({_human(done['kept_bytes'])}){busy}"
+    )
+    return 0
