@@ -4,7 +4,8 @@ A text file is read in blocks of ``BLOCK_BYTES`` cut into pieces of about ``PIEC
 ``encode_batch`` call. Cuts go right after a lone newline (a non-space byte on each side): pre-tokenizers that
 split on whitespace (GPT-2's byte-level regex, BERT's, ``Whitespace``) split there anyway, so the ids equal those
 of the whole document. (Tokenizers that prepend a marker to every input, like SentencePiece's ``▁``, may differ by a
-token at a cut.) A line longer than a block is cut after a space, else at a UTF-8 character boundary.
+token at a cut.) A line longer than a block is cut where a run of whitespace starts, else at a UTF-8 character
+boundary.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,21 +26,26 @@ PIECE_BYTES = 1 << 16
 HELD_OUT_WINDOW = 1 << 16  # bytes searched on each side of a file's held-out target for a line start
 ROWS_PER_BATCH = 1024
 _SPACE = frozenset(b" \t\n\r\x0b\x0c")
+_RUN_START = re.compile(rb"(?<=[^ \t\n\r\x0b\x0c])[ \t\n\r\x0b\x0c]")  # a whitespace byte after a non-space
 
 
 def cut_before(buf: bytes, hi: int) -> int:
     """A cut ``c`` in ``(0, hi]`` that does not change tokenization: after the last newline between two non-space
     bytes (a lone newline: GPT-2's ``\\s+(?!\\S)`` would join ``" \\n"`` or ``"\\n\\n"`` at the end of a piece into
-    one pre-token), else before the last whitespace, else at the last UTF-8 character start; ``hi`` if none."""
+    one pre-token), else at the start of the last whitespace run, else at the last UTF-8 character start; ``hi`` if
+    none."""
     hi = min(hi, len(buf))
     pos = buf.rfind(b"\n", 0, hi - 1) if hi >= 2 else -1
     while pos != -1:
         if buf[pos + 1] not in _SPACE and pos > 0 and buf[pos - 1] not in _SPACE:
             return pos + 1
         pos = buf.rfind(b"\n", 0, pos)
-    c = max(buf.rfind(bytes([s]), 1, hi) for s in _SPACE)  # before the last whitespace ("a" | " b", as GPT-2)
-    if c > 0:
-        return c
+    lo = hi
+    while lo > 1:  # at the start of the last whitespace run ("a" | "   b": GPT-2 splits there too)
+        lo = max(1, lo - 4096)
+        starts = [m.start() for m in _RUN_START.finditer(buf, lo, hi)]
+        if starts:
+            return starts[-1]
     for c in range(hi, 0, -1):
         if c == len(buf) or (buf[c] & 0xC0) != 0x80:
             return c
