@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,45 +66,57 @@ LATER_KEYS = {"exclude": (), "skip_undecodable": False, "allow_unused_vocab": Fa
 UNUSED_VOCAB_RATIO = 4
 
 
+def _file_id(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of a regular file (one ``stat``: the same file by any path, link or symlink), else None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def _matches(pattern: str) -> list[str]:
+    expanded = os.path.expanduser(pattern)
+    return sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+
+
 def expand_patterns(key: str, patterns: tuple[str, ...]) -> list[Path]:
     """Files matched by ``patterns`` (paths or globs, ``~`` expanded), in order, each once; a pattern that matches
     no file raises ``ConfigValueError`` naming ``key[i]``."""
     out: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[tuple[int, int]] = set()
     for i, pattern in enumerate(patterns):
-        expanded = os.path.expanduser(pattern)
-        matches = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
-        files = [Path(m) for m in matches if Path(m).is_file()]
+        found = [(m, _file_id(m)) for m in _matches(pattern)]
+        files = [(m, fid) for m, fid in found if fid is not None]
         if not files:
-            what = "matches no file" if glob.has_magic(expanded) else "is not an existing file"
+            what = "matches no file" if glob.has_magic(os.path.expanduser(pattern)) else "is not an existing file"
             raise ConfigValueError(f"{key}[{i}]", f"{what}: {pattern!r}")
-        for f in files:
-            if f.resolve() not in seen:
-                seen.add(f.resolve())
-                out.append(f)
+        for m, fid in files:
+            if fid not in seen:
+                seen.add(fid)
+                out.append(Path(m))
     return out
 
 
 def excluded(files: list[Path], exclude: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
     """``(kept, left out)``: ``files`` split by the ``exclude`` paths/globs (expanded like ``files``; a folder leaves
-    out everything under it). A pattern that matches nothing is not an error (it may match on another machine)."""
+    out every file under it). A pattern that matches nothing is not an error (it may match on another machine)."""
     if not exclude:
         return files, []
-    hit: set[Path] = set()
-    folders: list[Path] = []
+    hit: set[tuple[int, int] | None] = set()
+    folders: set[str] = set()
     for pattern in exclude:
-        expanded = os.path.expanduser(pattern)
-        for m in glob.glob(expanded, recursive=True) if glob.has_magic(expanded) else [expanded]:
-            path = Path(m).resolve()
-            if path.is_dir():
-                folders.append(path)
+        for m in _matches(pattern):
+            if os.path.isdir(m):
+                folders |= {os.path.join(os.path.abspath(m), ""), os.path.join(os.path.realpath(m), "")}
             else:
-                hit.add(path)
+                hit.add(_file_id(m))
+    hit.discard(None)
+    under = tuple(folders)
     kept: list[Path] = []
     out: list[Path] = []
     for f in files:
-        r = f.resolve()
-        gone = r in hit or any(r.is_relative_to(d) for d in folders)
+        gone = (under and os.path.abspath(f).startswith(under)) or (hit and _file_id(str(f)) in hit)
         (out if gone else kept).append(f)
     return kept, out
 
@@ -118,9 +131,10 @@ def text_files(cfg: CorpusConfig) -> tuple[list[Path], list[Path], int]:
         n_excluded += len(dropped)
         if not out[key]:
             raise ConfigValueError(key, f"every file it matches is left out by exclude ({len(dropped)} file(s))")
-    both = {f.resolve() for f in out["files"]} & {f.resolve() for f in out["val_files"]}
+    train = {_file_id(str(f)) for f in out["files"]}
+    both = sorted(str(f) for f in out["val_files"] if _file_id(str(f)) in train)
     if both:
-        raise ConfigValueError("val_files", f"{sorted(map(str, both))[0]!r} is also in files (train and val overlap)")
+        raise ConfigValueError("val_files", f"{both[0]!r} is also in files (train and val overlap)")
     return out["files"], out["val_files"], n_excluded
 
 
