@@ -240,7 +240,8 @@ def test_data_clean_command(tmp_path: Path, capsys) -> None:
     (legacy / "x.arrow").write_bytes(b"x" * 100)
     assert cli_main(["data", "clean", "--keep", "2", "--cache-dir", cache]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.startswith(f"corpus cache {cache}: removed 1 corpus entry and 1 reference-loss file(s)") and "kept 2" in out
+    assert out.startswith(f"corpus cache {cache}: removed 1 corpus entry and 1 reference-loss file(s)")
+    assert "kept 2" in out
     assert _entries(tmp_path) == sorted(s.train_path.parent.name for s in made[1:])
     assert len(list((tmp_path / "cache" / "reference").glob("*.json"))) == 1 and not legacy.exists()
     assert cli_main(["data", "clean", "--all", "--cache-dir", cache]) == 0

@@ -109,9 +109,7 @@ def test_undecodable_offsets_across_block_boundaries(tmp_path: Path, monkeypatch
     assert docs.undecodable([good, cut, bad]) == [(cut, 33, e[:1]), (bad, 40, b"\xff")]
 
 
-def test_skip_undecodable_leaves_them_out_and_counts_them(
-    tmp_path: Path, source_tree: Path, bpe: Path, capsys
-) -> None:
+def test_skip_undecodable_leaves_them_out_and_counts_them(tmp_path: Path, source_tree: Path, bpe: Path, capsys) -> None:
     folder = _tree_with_bad_files(tmp_path, source_tree, 3)
     base = {"source": "text", "files": [str(folder / "*.py")], "tokenizer": str(bpe), "cache_dir": str(tmp_path / "c")}
     s = prepare({**base, "skip_undecodable": True}, show_progress=False)
@@ -140,8 +138,9 @@ def test_exclude_globs_and_folders(tmp_path: Path, source_tree: Path, bpe: Path,
     (folder / "vendored").mkdir()
     (folder / "vendored" / "bad.py").write_bytes(BAD[0])
     n_good = len(list(source_tree.iterdir()))
-    cfg = CorpusConfig(source="text", files=(str(folder / "**" / "*.py"),), tokenizer=str(bpe),
-                       exclude=(str(folder / "bad_*.py"), str(folder / "vendored")), cache_dir=str(tmp_path / "c"))  # fmt: skip
+    exclude = (str(folder / "bad_*.py"), str(folder / "vendored"))
+    cfg = CorpusConfig(source="text", files=(str(folder / "**" / "*.py"),), tokenizer=str(bpe), exclude=exclude,
+                       cache_dir=str(tmp_path / "c"))  # fmt: skip
     s = prepare(cfg, show_progress=False)
     assert s.excluded == 4 and s.skipped == () and "excluded: 4 file(s) matched by exclude" in s.describe()
     assert json.loads((s.train_path.parent / "meta.json").read_text())["files"] == n_good
@@ -242,7 +241,7 @@ def test_cut_before_keeps_gpt2_pretokenization() -> None:
 
 HF_CASES = {
     "empty.jsonl": (b"", r"dataset: '.*empty\.jsonl' is empty \(1 empty file\(s\)\); expected JSON lines"),
-    "bad.jsonl": (b'{"text": "a"}\n{not json\n', r"dataset: '.*bad\.jsonl' cannot be read as json \(.*\); expected JSON"),
+    "bad.jsonl": (b'{"text": "a"}\n{not json\n', r"dataset: '.*bad\.jsonl' cannot be read as json \(.*\); expected"),
     "empty.csv": (b"", r"dataset: '.*empty\.csv' is empty .*expected CSV with a header row naming a 'text' column"),
     "header.csv": (b"text\n", r"dataset: '.*header\.csv' (holds no rows|cannot be read as csv).*expected CSV"),
     "bad.parquet": (b"garbage", r"dataset: '.*bad\.parquet' cannot be read as parquet \(.*\); expected Parquet"),
@@ -291,4 +290,5 @@ def test_hf_dataset_arrow_copy_is_temporary(tmp_path: Path) -> None:
                  "cache_dir": str(tmp_path / "c")}, show_progress=False)  # fmt: skip
     expect = "".join(r + "\n" for r in rows[:27]).encode()
     assert bytes(np.fromfile(s.train_path, np.uint16).astype(np.uint8)) == expect
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [s.train_path.parent.name, f"{s.train_path.parent.name}.lock"]
+    entry = s.train_path.parent.name
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [entry, f"{entry}.lock"]
