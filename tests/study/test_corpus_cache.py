@@ -186,7 +186,7 @@ def test_least_recently_used_beyond_the_limit_go(tmp_path: Path, monkeypatch) ->
     prepare(_corpus(tmp_path, val_fraction=0.4), show_progress=False)
     assert len(_entries(tmp_path)) == 3
     monkeypatch.setenv("LNBLOCKS_CORPUS_KEEP", "many")
-    with pytest.raises(ValueError, match=r"^LNBLOCKS_CORPUS_KEEP must be an int >= 0 .*, got 'many'$"):
+    with pytest.raises(ValueError, match=r"^LNBLOCKS_CORPUS_KEEP \(0: never .*\) must be an int >= 0, got 'many'$"):
         prepare(_corpus(tmp_path, val_fraction=0.45), show_progress=False)
 
 
@@ -248,8 +248,8 @@ def test_data_clean_command(tmp_path: Path, capsys) -> None:
     assert "removed 2 corpus entries and 1 reference-loss file(s)" in capsys.readouterr().out
     assert _entries(tmp_path) == [] and not list((tmp_path / "cache" / "reference").glob("*.json"))
     for args, msg in [
-        (["--keep", "-1"], "--keep must be an int >= 0 (entries to keep), got '-1'"),
-        (["--keep", "two"], "--keep must be an int >= 0 (entries to keep), got 'two'"),
+        (["--keep", "-1"], "--keep (entries to keep) must be an int >= 0, got '-1'"),
+        (["--keep", "two"], "--keep (entries to keep) must be an int >= 0, got 'two'"),
         (["--keep", "1", "--all"], "data clean takes --keep N or --all, not both"),
         (["--cache-dir", str(tmp_path / "nope")], f"--cache-dir: no such folder: '{tmp_path / 'nope'}'"),
     ]:

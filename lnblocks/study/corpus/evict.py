@@ -34,18 +34,21 @@ REFERENCE = re.compile(r"^[0-9a-f]{32}\.json$")
 LEGACY_DATASETS = "hf_datasets"  # datasets' arrow copies, kept here before CORPUS_FORMAT 2 (now a temp folder)
 
 
-def keep_limit() -> int:
-    """How many entries the cache keeps: ``$LNBLOCKS_CORPUS_KEEP`` (an int >= 0; 0: no automatic removal)."""
-    text = os.environ.get(KEEP_ENV, "").strip()
-    if not text:
-        return DEFAULT_KEEP
+def _count(text: str, what: str) -> int:
+    """``text`` as an int >= 0, else ``ValueError`` saying ``what`` must be one."""
     try:
         value = int(text)
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"{KEEP_ENV} must be an int >= 0 (0: never remove corpora automatically), got {text!r}")
+        raise ValueError(f"{what} must be an int >= 0, got {text!r}")
     return value
+
+
+def keep_limit() -> int:
+    """How many entries the cache keeps: ``$LNBLOCKS_CORPUS_KEEP`` (an int >= 0; 0: no automatic removal)."""
+    text = os.environ.get(KEEP_ENV, "").strip()
+    return _count(text, f"{KEEP_ENV} (0: never remove corpora automatically)") if text else DEFAULT_KEEP
 
 
 def touch(folder: Path) -> None:
@@ -224,15 +227,7 @@ def clean_command(cache_dir: str | None, keep: str | None, everything: bool) -> 
         raise ValueError("data clean takes --keep N or --all, not both")
     limit: int | None = None
     if not everything:
-        if keep is None:
-            limit = keep_limit()
-        else:
-            try:
-                limit = int(keep)
-            except ValueError:
-                limit = -1
-            if limit < 0:
-                raise ValueError(f"--keep must be an int >= 0 (entries to keep), got {keep!r}")
+        limit = keep_limit() if keep is None else _count(keep, "--keep (entries to keep)")
     folder = Path(os.path.expanduser(cache_dir)) if cache_dir else default_cache_dir()
     if cache_dir and not folder.is_dir():
         raise ValueError(f"--cache-dir: no such folder: {cache_dir!r}")

@@ -196,23 +196,13 @@ def reference_entry(
 
 
 def reference_losses(
-    train_path: Path,
-    val_path: Path,
-    dtype: np.dtype,
-    vocab_size: int,
-    *,
-    cache_dir: Path | None = None,
-    show_progress: bool = False,
-    chunk_tokens: int = COUNT_CHUNK_TOKENS,
+    train_path: Path, val_path: Path, dtype: np.dtype, vocab_size: int, **options: Any
 ) -> dict[str, float]:
     """Reference losses of a pair of token files, by one streaming pass over both (which also checks every id).
     Cached in ``cache_dir/reference/`` under a key of both files' path, size and mtime, the dtype and vocab_size; a
-    cached entry is checked (its sha256, ``uniform`` = ln V, ``unigram`` in range) and recomputed if it fails."""
-    entry = reference_entry(
-        train_path, val_path, dtype, vocab_size, cache_dir=cache_dir, show_progress=show_progress,
-        chunk_tokens=chunk_tokens,
-    )  # fmt: skip
-    return entry["reference"]
+    cached entry is checked (its sha256, ``uniform`` = ln V, ``unigram`` in range) and recomputed if it fails.
+    ``options``: ``reference_entry``'s (``cache_dir``, ``show_progress``, ``chunk_tokens``)."""
+    return reference_entry(train_path, val_path, dtype, vocab_size, **options)["reference"]
 
 
 class TokenFileSource(TokenSource):
