@@ -31,8 +31,8 @@ import numpy as np
 from lnblocks.study.corpus.cache import TokenWriter, corpus_lock, seal, unseal, write_json_atomic
 from lnblocks.study.corpus.config import CorpusConfig, expand_patterns, text_files
 from lnblocks.study.corpus.evict import Lease, evict, keep_limit, touch
-from lnblocks.study.corpus.tokenize import tokenize_dataset, tokenize_text, undecodable_error
 from lnblocks.study.corpus.tokenizer import TextTokenizer
+from lnblocks.study.corpus.tokenizing import tokenize_dataset, tokenize_text, undecodable_error
 from lnblocks.study.corpus.tokens import (
     TokenFileSource,
     check_sample,
