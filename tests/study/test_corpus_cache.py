@@ -259,3 +259,22 @@ def test_data_clean_command(tmp_path: Path, capsys) -> None:
     (tmp_path / "mine" / "notes.txt").write_text("keep")  # a folder that is not a cache: nothing of it is touched
     assert cli_main(["data", "clean", "--all", "--cache-dir", str(tmp_path / "mine")]) == 0
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_a_study_run_rebuilds_garbage_before_its_runs(tmp_path: Path, capsys) -> None:
+    """Same-size garbage in a cached ``train.bin`` (every id out of range): the driver's check before the runs finds
+    it by its checksum and rebuilds it, so the runs train (before: every run failed, and every rerun again)."""
+    from lnblocks.study import read_record, run_study
+
+    cfg = _corpus(tmp_path)
+    first = prepare(cfg, show_progress=False)
+    first.train_path.write_bytes(b"\xff" * first.train_path.stat().st_size)
+    study = tmp_path / "s.yaml"
+    data = {**cfg, "seq_len": 16, "batch_size": 2, "eval_batches": 1}
+    small = {"model": {"dim": 16, "n_heads": 2, "depth": 1}, "train": {"steps": 2, "log_every": 1},
+             "diagnostics": {"every": 0, "init_grad_batches": 0}}  # fmt: skip
+    study.write_text(json.dumps({"data": data, **small}))
+    assert run_study(study, tmp_path / "out", show_progress=False, report=False) == 0
+    assert "train.bin does not match the sha256 in its manifest" in capsys.readouterr().err
+    (rec,) = [read_record(p) for p in (tmp_path / "out" / "runs").glob("*.json")]
+    assert rec.status == "finished" and rec.result.reference == first.reference
