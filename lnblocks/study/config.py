@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int
-from lnblocks.study.corpus.config import CORPUS_SOURCES, CorpusConfig
+from lnblocks.study.corpus.config import CORPUS_SOURCES, LATER_KEYS, CorpusConfig
 from lnblocks.study.model_config import ModelConfig
 
 BUILTIN_SOURCES = ("shakespeare", "markov")
@@ -58,7 +58,7 @@ _CorpusFields = dataclasses.make_dataclass(
     kw_only=True,
 )
 # data keys whose values are file paths (or lists of them): relative ones resolve against the study file's folder
-PATH_KEYS = ("train_path", "val_path", "files", "val_files", "dataset", "tokenizer", "cache_dir")
+PATH_KEYS = ("train_path", "val_path", "files", "val_files", "exclude", "dataset", "tokenizer", "cache_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +124,12 @@ class DataConfig(_CorpusFields):  # type: ignore[misc, valid-type]
         """The data section's own keys first, then the corpus keys (the order records show them in)."""
         own = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in CORPUS_KEYS]
         return own + list(CORPUS_KEYS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every resolved key, except the corpus keys added later (``LATER_KEYS``) while at their defaults: so a
+        run's id (which hashes this) is the one it had before those keys existed."""
+        out = super().to_dict()
+        return {k: v for k, v in out.items() if not (k in LATER_KEYS and getattr(self, k) == LATER_KEYS[k])}
 
     def corpus_config(self) -> CorpusConfig:
         """The ``CorpusConfig`` of a ``tokens`` / ``text`` / ``hf_dataset`` source (``ValueError`` for the others)."""

@@ -52,5 +52,5 @@ def prepare_study_data(config: str | Path, overrides: Mapping[str, Any] | None =
         if data.source in BUILTIN_SOURCES:
             print(describe_builtin(data))
         else:
-            print(prepare(data.corpus_config(), show_progress=show).describe())
+            print(prepare(data.corpus_config(), show_progress=show, seq_len=data.seq_len).describe())
     return 0
