@@ -7,10 +7,11 @@ hooks model construction (``from_pretrained``, ``from_config``, constructors) an
 from lnblocks.hf.families import ROLES
 from lnblocks.hf.global_patch import patch_transformers, unpatch_transformers
 from lnblocks.hf.patch import is_patched, patch_norms, patched_norms, unpatch_norms
-from lnblocks.hf.report import PatchEntry, PatchReport
+from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport
 
 __all__ = [
     "ROLES",
+    "LayerEntry",
     "PatchEntry",
     "PatchReport",
     "is_patched",
