@@ -103,7 +103,8 @@ def _lnblocks_norm(name: str, module: nn.Module, math: NormMath, backend: str) -
         norm = build_norm(math.spec(module, backend), math.normalized_shape(module), device="meta")
     except (TypeError, ValueError) as err:
         raise _same_kind(err, f"cannot patch the norm {name or '<model>'} ({type(module).__name__}): {err}") from None
-    object.__setattr__(norm, "_parameters", module._parameters)
+    if math.params or math.origin.startswith("torch.nn."):  # a class with no parameter at all keeps the norm's Nones
+        object.__setattr__(norm, "_parameters", module._parameters)
     norm.hf_math = math
     return norm
 
