@@ -244,3 +244,12 @@ def test_unpatched_norm_inside_a_fused_layer_falls_back_to_the_original_statemen
     batch = {"input_ids": inputs(model)["input_ids"]}
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, reference(**batch).logits)
+
+
+def test_traffic_table_counts_one_activation_read_forward_and_two_backward_per_fused_add() -> None:
+    from benchmarks.traffic import Operands, min_bytes, unfused_residual_bytes
+
+    n, m = 4096, 1000
+    op = Operands(n, 2, 2, 2, 0, 2, False, False)  # bf16 RMSNorm with a residual
+    assert unfused_residual_bytes("fwd", m, op) - min_bytes("fwd", m, op) == m * n * 2  # the norm re-reads x + r
+    assert unfused_residual_bytes("bwd", m, op) - min_bytes("bwd", m, op) == 2 * m * n * 2  # the grads' sum
