@@ -75,6 +75,7 @@ def summary(results: dict[str, tuple[str, str]]) -> str:
     )
 
 
+@pytest.mark.slow  # ~145 tiny models, ~40 s on one idle core
 def test_every_causal_lm_patches_exactly_and_fuses_or_refuses() -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # ~145 tiny models: one thread each is fastest

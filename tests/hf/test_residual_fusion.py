@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import pickle
+import types
 
 import pytest
 import torch
@@ -154,8 +155,8 @@ exec(  # the same statements as the verified pattern, but no source file backs t
 _EditedLayer.forward = _namespace["forward"]
 
 
-class _Mismatch(nn.Module):
-    """Source on file, but the class runs other code (as when the file is edited after the import)."""
+class _Good(nn.Module):
+    """The verified pattern in a layer of no known family: it fuses too (the rewrite needs no family)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -170,13 +171,8 @@ class _Mismatch(nn.Module):
         return x + r
 
 
-class _Good(_Mismatch):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        r = x
-        x = r + self.proj(x)
-        r = x
-        x = self.norm(x)
-        return x + r
+class _Mismatch(_Good):
+    """Its forward points at _Good's source but runs other code (as when a file is edited after the import)."""
 
 
 class _Wrapped(_Good):
@@ -187,8 +183,8 @@ def _other_code(self, x):
     return self.norm(x)
 
 
-_Mismatch.forward.__code__ = _other_code.__code__.replace(
-    co_name="forward", co_firstlineno=_Mismatch.forward.__code__.co_firstlineno
+_Mismatch.forward = types.FunctionType(
+    _other_code.__code__.replace(co_name="forward", co_firstlineno=_Good.forward.__code__.co_firstlineno), globals()
 )
 _Wrapped.forward = functools.wraps(_Good.forward)(lambda self, x: _Good.forward(self, x))
 

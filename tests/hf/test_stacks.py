@@ -13,6 +13,7 @@ import pytest
 import torch
 from hf_state import snapshot
 from hf_tiny import VOCAB, build
+from test_patch_api import Other
 from torch import nn
 
 import lnblocks.hf as H
@@ -133,18 +134,10 @@ class _NoNorm(transformers.PreTrainedModel):
 
     config_class = transformers.LlamaConfig
 
-    class OddNorm(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(8))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x / x.abs().amax(-1, keepdim=True) * self.weight
-
     def __init__(self, config) -> None:
         super().__init__(config)
         self.q_proj = nn.Linear(8, 8)
-        self.norm = self.OddNorm()
+        self.norm = Other.ScaleOnlyNorm()
         self.post_init()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
