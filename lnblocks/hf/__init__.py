@@ -4,7 +4,8 @@
 no transformers import; ``fuse_residual=True`` also fuses the residual add before each norm of a decoder layer.
 ``patch_transformers()`` hooks model construction (``from_pretrained``, ``from_config``, constructors),
 ``from_pretrained(...)`` loads and patches in one call, and ``PatchNormsCallback`` patches a ``Trainer``'s model;
-these import transformers lazily.
+these import transformers lazily (``PatchNormsCallback`` subclasses ``transformers.TrainerCallback``, so it is
+built on first access and is not part of ``__all__``).
 """
 
 from typing import Any
@@ -19,7 +20,6 @@ __all__ = [
     "ROLES",
     "LayerEntry",
     "PatchEntry",
-    "PatchNormsCallback",
     "PatchReport",
     "from_pretrained",
     "is_patched",

@@ -107,6 +107,7 @@ def _callback_class() -> type:
                 unpatch_norms(model)
 
     PatchNormsCallback.__module__ = __name__
+    PatchNormsCallback.__qualname__ = "PatchNormsCallback"
     return PatchNormsCallback
 
 
