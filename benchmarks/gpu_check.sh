@@ -12,13 +12,16 @@
 #               GPT2LMHeadModel; tokens/s, peak memory; under set_sync_debug_mode("error"); in a CUDA graph) and an
 #               HF Llama-shaped fwd+bwd (unpatched vs lnblocks.hf.patch_norms vs Liger's RMSNorm patch)
 #   4. study    one run of `lnblocks study run` on the GPU in bf16, and the backends its record names
+#   5. hf       benchmarks/bench_hf_training.py: an HF Llama-shaped model in bf16, transformers.Trainer step and
+#               forward, unpatched vs lnblocks.hf.patch_norms vs patch_norms(fuse_residual=True), paired ratios
 # Writes at most 8 files into the output folder: summary.txt, check.log, tests.log, kernels.md, kernels.json,
-# models.json, study.log (and nothing else); prints the summary last.
+# models.json, study.log, hf.json (and nothing else); prints the summary last.
 #
 # The GPU machine has no package registry: Liger-Kernel travels as a wheel. Prepare the folder once, where pip
 # reaches PyPI (benchmarks/wheels/ is git-ignored; the GPU machine runs Python 3.12):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d benchmarks/wheels liger-kernel==0.8.5
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d benchmarks/wheels liger-kernel==0.8.5 \
+#     accelerate==1.15.0
 # and name it in the call's `carry`. The wheels are installed with `pip install --no-index --no-deps --target` into a
 # temporary folder; lnblocks itself is imported from this checkout (PYTHONPATH), the machine's torch, triton,
 # transformers, pytest-xdist, einops, pyyaml, tqdm and matplotlib are used as they are.
@@ -37,10 +40,11 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRI
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$SMOKE" = 1 ]; then
   export TRITON_INTERPRET=1
-  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120
+  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120 T_HF=120
 else
   export TRITON_INTERPRET=0
   T_TESTS=${T_TESTS:-140} T_KERNELS=${T_KERNELS:-190} T_MODELS=${T_MODELS:-120} T_STUDY=${T_STUDY:-60}
+  T_HF=${T_HF:-50}
 fi
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/check.log"
@@ -143,6 +147,13 @@ if not any("norm" in f for f in found):
 PY
 tail -n 4 "$OUT/study.log" >>"$SUMMARY"
 
+# ---- 5. HF training stacks: Trainer step and forward, unpatched / patched / fused residual -----------------------
+if [ "$SMOKE" = 1 ]; then
+  section hf "$T_HF" $PY benchmarks/bench_hf_training.py --smoke --out "$OUT/hf"
+else
+  section hf "$T_HF" $PY benchmarks/bench_hf_training.py --device cuda --rounds 5 --out "$OUT/hf"
+fi
+
 # ---- summary, printed last ------------------------------------------------------------------------------------------
 {
   echo
@@ -153,6 +164,8 @@ tail -n 4 "$OUT/study.log" >>"$SUMMARY"
   else
     echo "models: no results"
   fi
+  echo
+  if [ -f "$OUT/hf.json" ]; then $PY benchmarks/bench_hf_training.py --report "$OUT/hf.json" 2>&1; else echo "hf: no results"; fi
 } >>"$SUMMARY"
 rm -rf "$SITE" "$WORK"
 cat "$SUMMARY"

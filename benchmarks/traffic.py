@@ -2,6 +2,9 @@
 
     python benchmarks/traffic.py [--n 4096] [--dtype bfloat16] [--m 16384]
 
+The second table is ``lnblocks.hf``'s ``fuse_residual=True``: what fusing the residual add in front of a norm saves
+in an HF decoder layer, per token and per layer, for the widths of well-known checkpoints.
+
 ``min_bytes`` is what the math needs: the forward reads x (and the residual), writes y (and the new residual) and
 the fp32 statistics the backward uses (rstd, and mean for LayerNorm); the backward reads the norm's input, dy (and
 the new residual's gradient) and the statistics, writes dx (and dresidual when it differs from dx: dropout, or
@@ -93,6 +96,55 @@ def kernel_bytes(direction: str, m: int, op: Operands, *, looped: bool = False, 
     return total
 
 
+def unfused_residual_bytes(direction: str, m: int, op: Operands) -> int:
+    """Bytes of ``s = a + b; y = norm(s)`` as separate ops (HF's decoder-layer code), for ``m`` rows.
+
+    Forward: the add reads ``a``, ``b`` and writes ``s``; the norm reads ``s`` again. Backward: ``s`` feeds the norm
+    and the rest of the layer (the residual stream), so autograd adds the norm's input gradient to the stream's
+    gradient (read two, write one) before the add passes it to ``a`` and ``b``; the fused kernel takes the stream's
+    gradient as an input instead (``min_bytes`` with a residual)."""
+    if direction == "fwd+bwd":
+        return unfused_residual_bytes("fwd", m, op) + unfused_residual_bytes("bwd", m, op)
+    plain = Operands(op.n, op.stream, 0, op.weight, op.bias, op.out, False, op.layer_norm)
+    if direction == "fwd":
+        return m * op.n * (op.x + op.residual + op.stream) + min_bytes("fwd", m, plain)
+    if direction == "bwd":
+        return min_bytes("bwd", m, plain) + m * 3 * op.n * op.stream
+    raise ValueError(f"direction must be 'fwd', 'bwd' or 'fwd+bwd', got {direction!r}")
+
+
+# (checkpoint, hidden size, residual adds fused per decoder layer by lnblocks.hf fuse_residual=True)
+HF_LAYERS = (
+    ("Llama-3-8B / Qwen3-8B / Mistral-7B", 4096, 1),
+    ("Llama-3-70B", 8192, 1),
+    ("Phi-3-mini", 3072, 1),
+    ("Gemma-2-9B (sandwich)", 3584, 1),
+    ("Gemma-3-27B (sandwich)", 5376, 1),
+    ("OLMo-2-7B (norms before the adds)", 4096, 0),
+)
+
+
+def residual_fusion_table(elem: int, dtype_name: str) -> list[str]:
+    """Markdown: bytes ``fuse_residual=True`` saves per token and decoder layer (RMSNorm, weights in the same dtype)."""
+    lines = [
+        f"HF decoder layers with fuse_residual=True, {dtype_name} activations and weights, RMSNorm: bytes saved per "
+        "token and layer (the fused add + norm against HF's add, then norm)",
+        "",
+        "| checkpoint | hidden | adds fused / layer | fwd B/token | bwd B/token | fwd+bwd B/token | saved / unfused |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    m = 1 << 20  # large-M limit: weights read once per call vanish per token
+    for name, n, adds in HF_LAYERS:
+        op = Operands(n, elem, elem, elem, 0, elem, False, False)
+        saved = {d: adds * (unfused_residual_bytes(d, m, op) - min_bytes(d, m, op)) / m for d in ("fwd", "bwd")}
+        total = saved["fwd"] + saved["bwd"]
+        share = total / (unfused_residual_bytes("fwd+bwd", m, op) / m) if adds else 0.0
+        lines.append(
+            f"| {name} | {n} | {adds} | {saved['fwd']:,.0f} | {saved['bwd']:,.0f} | {total:,.0f} | {share:.0%} |"
+        )
+    return lines
+
+
 def table(n: int, m: int, elem: int, dtype_name: str, programs: int) -> list[str]:
     """Markdown: per-row bytes (large-M limit) of each kernel against the minimum, and the backward's partial rows."""
     lines = [
@@ -130,6 +182,8 @@ def main() -> None:
     args = ap.parse_args()
     elem = 4 if args.dtype == "float32" else 2
     print("\n".join(table(args.n, args.m, elem, args.dtype, args.programs)))
+    print()
+    print("\n".join(residual_fusion_table(elem, args.dtype)))
 
 
 if __name__ == "__main__":

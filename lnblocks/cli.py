@@ -74,6 +74,12 @@ def _cmd_data_prepare(args: argparse.Namespace) -> int:
     return data_prepare_command(args.config, _overrides(args.set))
 
 
+def _cmd_data_clean(args: argparse.Namespace) -> int:
+    from lnblocks.study.lm.corpus.evict import clean_command
+
+    return clean_command(args.cache_dir, args.keep, args.all)
+
+
 def _cmd_study_report(args: argparse.Namespace) -> int:
     from lnblocks.study.core.report import build_report
 
@@ -149,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("config", help="a study YAML config whose data section names a corpus")
     prep.add_argument("--set", action="append", metavar="KEY=VALUE", help=SET_HELP)
     prep.set_defaults(func=_cmd_data_prepare)
+    clean = data_sub.add_parser(
+        "clean",
+        parents=[debug],
+        help="remove prepared corpora from the cache (never one in use); by default keep $LNBLOCKS_CORPUS_KEEP (8)",
+    )
+    clean.add_argument("--keep", metavar="N", default=None, help="keep the N most recently used corpora")
+    clean.add_argument("--all", action="store_true", help="remove every corpus not in use")
+    clean.add_argument("--cache-dir", default=None, metavar="DIR", help="a data.cache_dir (default: the default cache)")
+    clean.set_defaults(func=_cmd_data_clean)
     return parser
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("tests", "kernels", "models", "study")
+SECTIONS = ("tests", "kernels", "models", "study", "hf")
 
 
 @pytest.mark.slow
@@ -30,7 +30,9 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8, files
-    assert {"summary.txt", "check.log", "tests.log", "kernels.md", "kernels.json", "models.json"} <= set(files)
+    assert {"summary.txt", "check.log", "tests.log", "kernels.md", "kernels.json", "models.json", "hf.json"} <= set(
+        files
+    )
     summary = (out / "summary.txt").read_text()
     for name in SECTIONS:
         assert f"{name}: exit 0" in summary, (
@@ -39,3 +41,4 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     assert "### Summary" in summary and "GPT train step" in summary  # the summary is printed last, with both reports
     assert proc.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])
     assert "study record: status=finished" in summary
+    assert "| Trainer step | cpu | float32 | fused |" in summary  # the HF stacks table (bench_hf_training.py)

@@ -106,6 +106,18 @@ class Attention(nn.Module):
         s = self.qkv_slices()
         return t[s["q"]], t[s["k"]], t[s["v"]]
 
+    def local_heads(self, width: int) -> tuple[int, int]:
+        """``(query heads, KV heads)`` of a ``qkv`` output ``width`` wide: all of them, or under tensor parallelism
+        (``lnblocks.models.parallel``) a rank's equal share, each rank holding whole heads of q, k and v."""
+        full = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        shards = full // width if 0 < width <= full else 0
+        if shards == 0 or shards * width != full or self.n_heads % shards or self.n_kv_heads % shards:
+            raise ValueError(
+                f"qkv output width {width} is not the full width {full} nor an equal share of whole heads "
+                f"(n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim})"
+            )
+        return self.n_heads // shards, self.n_kv_heads // shards
+
     # ---- backend choice -------------------------------------------------------------------------------------
     def backend_for(self, q: Tensor) -> str:
         """The backend a call with queries ``q`` runs: ``"sdpa"``, ``"flash_attn"`` or ``"eager"``."""
@@ -135,10 +147,12 @@ class Attention(nn.Module):
             raise ValueError(f"x must be a tensor of shape (B, T, C) with C = dim = {self.qkv.in_features}, got {got}")
         B, T, _ = x.shape  # (B, T, C)
         hd = self.head_dim
-        q, k, v = self.qkv(x).split([self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], dim=-1)
-        q = q.view(B, T, self.n_heads, hd).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_kv_heads, hd).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = v.view(B, T, self.n_kv_heads, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        qkv = self.qkv(x)  # (B, T, (H + 2 Hkv) hd), or one tensor-parallel rank's share of the heads
+        h, hkv = self.local_heads(qkv.shape[-1])
+        q, k, v = qkv.split([h * hd, hkv * hd, hkv * hd], dim=-1)
+        q = q.view(B, T, h, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, hkv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = v.view(B, T, hkv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
         if rope is not None:
@@ -160,9 +174,9 @@ class Attention(nn.Module):
         elif backend == "sdpa":
             y = self._sdpa(q, k, v)  # GQA inside sdpa: K/V are kept (and saved for backward) at Hkv heads
         else:
-            rep = self.n_heads // self.n_kv_heads
+            rep = h // hkv
             y = self._eager(q, repeat_kv(k, rep), repeat_kv(v, rep))  # (B, H, Tk, hd)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * hd)  # (B, T, H*hd)
+        y = y.transpose(1, 2).reshape(B, T, h * hd)  # (B, T, H*hd)
         return self.proj(y)
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

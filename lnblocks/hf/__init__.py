@@ -1,18 +1,27 @@
 """Patch the norms of HuggingFace ``transformers`` models with lnblocks' exact (and, on GPU, fused) norms.
 
-``patch_norms(model)`` works on any built ``nn.Module`` and needs no transformers import; ``patch_transformers()``
-hooks model construction (``from_pretrained``, ``from_config``, constructors) and imports transformers lazily.
+``patch_norms(model)`` works on any built ``nn.Module`` (PEFT and accelerate-dispatched models included) and needs
+no transformers import; ``fuse_residual=True`` also fuses the residual add before each norm of a decoder layer.
+``patch_transformers()`` hooks model construction (``from_pretrained``, ``from_config``, constructors),
+``from_pretrained(...)`` loads and patches in one call, and ``PatchNormsCallback`` patches a ``Trainer``'s model;
+these import transformers lazily (``PatchNormsCallback`` subclasses ``transformers.TrainerCallback``, so it is
+built on first access and is not part of ``__all__``).
 """
+
+from typing import Any
 
 from lnblocks.hf.families import ROLES
 from lnblocks.hf.global_patch import patch_transformers, unpatch_transformers
 from lnblocks.hf.patch import is_patched, patch_norms, patched_norms, unpatch_norms
-from lnblocks.hf.report import PatchEntry, PatchReport
+from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport
+from lnblocks.hf.stacks import from_pretrained
 
 __all__ = [
     "ROLES",
+    "LayerEntry",
     "PatchEntry",
     "PatchReport",
+    "from_pretrained",
     "is_patched",
     "patch_norms",
     "patch_transformers",
@@ -20,3 +29,11 @@ __all__ = [
     "unpatch_norms",
     "unpatch_transformers",
 ]
+
+
+def __getattr__(name: str) -> Any:  # PatchNormsCallback subclasses transformers.TrainerCallback: built on first use
+    if name == "PatchNormsCallback":
+        from lnblocks.hf.stacks import _callback_class
+
+        return _callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

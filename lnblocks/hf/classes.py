@@ -6,12 +6,17 @@ in fp32, T5 casts to a half-precision weight's dtype). A class is therefore reco
 ``forward`` (and the helpers it calls), compared as a normalised syntax tree with the four known variants below: a
 class whose math differs in any op is not matched, and is reported instead of being patched with the wrong rounding
 (Liger's OLMo2 patch used the Llama cast order; Gemma4's norm looks like Gemma's but has no ``1 + w``).
+
+Two LayerNorm classes are recognised the same way: OLMo's non-parametric ``OlmoLayerNorm`` (``F.layer_norm`` of the
+input cast to fp32, eps 1e-5 in the code, arXiv 2402.00838) and Cohere's ``CohereLayerNorm`` (mean, centred variance
+and the weight multiply written out in fp32, no bias).
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import functools
 import inspect
 import re
@@ -30,21 +35,30 @@ from lnblocks.norms.spec import CastMode
 class NormMath:
     """The exact math of a recognised norm class, as an lnblocks spec recipe.
 
-    ``eps_attr``: the attribute holding eps on the live module (``variance_epsilon`` or ``eps``), read at every call.
+    ``eps_attr``: the attribute holding eps on the live module (``variance_epsilon`` or ``eps``), read at every call;
+    None when the class writes eps as a constant (``fixed_eps``).
     ``fp32_only``: the class hard-codes ``torch.float32`` as its compute dtype, so fp64 inputs run the original
     forward (lnblocks would compute them in fp64, which is more accurate but not the same numbers).
+    ``torch_route``: how the PyTorch backend reproduces the class bit for bit: ``"lnblocks"`` (the lnblocks norm as
+    it is), ``"fp32_input"`` (the lnblocks norm on the input cast to fp32, the result cast back: OLMo) or
+    ``"class"`` (the class's own ops: Cohere writes LayerNorm out op by op, which no lnblocks reference reproduces
+    to the bit). The fused kernels compute every variant in fp32 with one rounding at the end.
+    ``params``: the parameters the class must have (each 1-D).
     """
 
     kind: Literal["layernorm", "rmsnorm"]
     origin: str
-    eps_attr: str = "eps"
+    eps_attr: str | None = "eps"
     cast: CastMode = "fp32"
     zero_centered: bool = False
     fp32_only: bool = False
+    fixed_eps: float | None = None
+    torch_route: Literal["lnblocks", "fp32_input", "class"] = "lnblocks"
+    params: tuple[str, ...] = ("weight",)
 
     def spec(self, module: nn.Module, backend: str) -> NormSpec:
         """The spec of ``module`` (eps, affine and bias read from the instance)."""
-        eps = getattr(module, self.eps_attr)
+        eps = self.fixed_eps if self.eps_attr is None else getattr(module, self.eps_attr)
         weight = module._parameters.get("weight")
         if self.kind == "layernorm":
             return LayerNormSpec(
@@ -62,7 +76,7 @@ class NormMath:
         )
 
     def normalized_shape(self, module: nn.Module) -> tuple[int, ...]:
-        if self.origin.startswith("torch.nn."):
+        if self.origin.startswith("torch.nn.") or not self.params:
             return tuple(module.normalized_shape)
         return (module.weight.shape[-1],)  # HF classes reduce over the last dim: `.mean(-1, keepdim=True)`
 
@@ -70,7 +84,8 @@ class NormMath:
         if self.kind == "layernorm":
             bias = "" if spec.bias else ", bias=False"
             affine = "" if spec.elementwise_affine else ", affine=False"
-            return f"layernorm(eps={spec.eps:g}{bias}{affine})"
+            route = {"lnblocks": "", "fp32_input": ", on fp32 input", "class": ", torch backend: the class's ops"}
+            return f"layernorm(eps={spec.eps:g}{bias}{affine}{route[self.torch_route]})"
         eps = "finfo" if spec.eps is None else f"{spec.eps:g}"
         zc = ", 1+w" if spec.zero_centered else ""
         return f"rmsnorm(cast={spec.cast}{zc}, eps={eps})"
@@ -122,6 +137,41 @@ def forward(self, x):
 # family (a row of lnblocks.norms.MODEL_FAMILIES) -> the code of its RMSNorm class; the row gives the class name,
 # the cast order and the 1 + w of the preset (the other families' classes are copies of one of these four)
 _VARIANTS: dict[str, str] = {"llama": _LLAMA, "olmo2": _OLMO2, "gemma": _GEMMA, "t5": _T5}
+
+# LayerNorm classes (no family-table row: their models have no role layout or converter)
+_OLMO_LN = """
+def forward(self, x):
+    dtype = x.dtype
+    return F.layer_norm(x.to(dtype=torch.float32), self.normalized_shape, None, None, eps=1e-5).to(dtype)
+"""
+_COHERE_LN = """
+def forward(self, x):
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True)
+    x = (x - mean) * torch.rsqrt(var + self.{eps})
+    x = self.weight.to(torch.float32) * x
+    return x.to(dtype)
+"""
+_LAYERNORM_VARIANTS: dict[str, tuple[str, NormMath]] = {
+    "olmo": (
+        _OLMO_LN,
+        NormMath(
+            kind="layernorm",
+            origin="OlmoLayerNorm math",
+            eps_attr=None,
+            fixed_eps=1e-5,
+            fp32_only=True,
+            torch_route="fp32_input",
+            params=(),
+        ),
+    ),
+    "cohere": (
+        _COHERE_LN,
+        NormMath(kind="layernorm", origin="CohereLayerNorm math", fp32_only=True, torch_route="class"),
+    ),
+}
 _NORM_LIKE = re.compile(r"norm", re.IGNORECASE)
 _TORCH_OTHER_NORMS = (nn.GroupNorm, nn.LocalResponseNorm, nn.modules.batchnorm._NormBase)
 
@@ -206,6 +256,11 @@ def _templates() -> dict[tuple[tuple[str, str], ...], NormMath]:
                 fp32_only=True,
             )
             table[_fingerprint(defs.get)] = math
+    for source, base in _LAYERNORM_VARIANTS.values():
+        for eps_attr in ("variance_epsilon", "eps") if base.eps_attr else (None,):
+            tree = ast.parse(textwrap.dedent(source.format(eps=eps_attr)))
+            defs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+            table[_fingerprint(defs.get)] = dataclasses.replace(base, eps_attr=eps_attr)
     return table
 
 
@@ -250,10 +305,14 @@ def recognise(module: nn.Module) -> Recognition | None:
         if _NORM_LIKE.search(cls.__name__):
             return Recognition(None, "unknown", "norm-like class whose forward matches no known norm math")
         return None
-    weight = module._parameters.get("weight")
-    if set(module._parameters) != {"weight"} or weight is None or weight.dim() != 1:
-        params = sorted(module._parameters)
-        return Recognition(None, "unknown", f"{math.origin}, but its parameters {params} are not one 1-D weight")
-    if not hasattr(module, math.eps_attr):
+    params = module._parameters
+    if set(params) != set(math.params) or any(params[p] is None or params[p].dim() != 1 for p in math.params):
+        want = f"one 1-D {' and '.join(math.params)}" if math.params else "none"
+        return Recognition(None, "unknown", f"{math.origin}, but its parameters {sorted(params)} are not {want}")
+    if math.eps_attr is not None and not hasattr(module, math.eps_attr):
         return Recognition(None, "unknown", f"{math.origin} but the instance has no {math.eps_attr!r} attribute")
+    if not math.params:
+        shape = getattr(module, "normalized_shape", None)
+        if not (isinstance(shape, tuple) and len(shape) == 1 and isinstance(shape[0], int) and shape[0] > 0):
+            return Recognition(None, "unknown", f"{math.origin}, but normalized_shape {shape!r} is not (dim,)")
     return Recognition(math)

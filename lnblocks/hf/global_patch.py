@@ -51,7 +51,7 @@ def _hooked(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(self, *args, **kwargs)
         options: _Options | None = _state["options"]
         if options is not None:
-            _patch(self, options.backend, options.include, options.exclude, warn=False)
+            _patch(self, options.backend, options.include, options.exclude, on_empty="log")
         return result
 
     post_init._lnblocks_hook = True  # type: ignore[attr-defined]

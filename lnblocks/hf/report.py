@@ -29,6 +29,16 @@ class PatchEntry:
 
 
 @dataclass(frozen=True)
+class LayerEntry:
+    """A decoder layer rewritten by ``fuse_residual=True``: the residual add before each of ``norms`` (attribute
+    names) is now part of that norm's call."""
+
+    name: str
+    cls: str
+    norms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class PatchReport:
     """The result of ``patch_norms``; ``str(report)`` is a table grouped by role, with layer indices folded."""
 
@@ -36,6 +46,7 @@ class PatchReport:
     model_type: str | None
     backend: str
     entries: tuple[PatchEntry, ...] = field(default_factory=tuple)
+    layers: tuple[LayerEntry, ...] = field(default_factory=tuple)
 
     @property
     def patched(self) -> list[PatchEntry]:
@@ -62,6 +73,7 @@ class PatchReport:
             "model_type": self.model_type,
             "backend": self.backend,
             "entries": [asdict(e) for e in self.entries],
+            "layers": [asdict(e) for e in self.layers],
         }
 
     def __str__(self) -> str:
@@ -82,6 +94,12 @@ class PatchReport:
             for (role, name, cls, what), count in groups.items():
                 times = f" x{count}" if count > 1 else ""
                 lines.append(f"    {role:<14} {name}{times}  [{cls}]  {what}")
+        if self.layers:
+            lines.append("  residual add fused into the norm call (fuse_residual=True):")
+            groups = Counter((re.sub(r"\.\d+$", ".*", _fold(e.name)), e.cls, ", ".join(e.norms)) for e in self.layers)
+            for (name, cls, norms), count in groups.items():
+                times = f" x{count}" if count > 1 else ""
+                lines.append(f"    {name}{times}  [{cls}]  before {norms}")
         return "\n".join(lines)
 
 

@@ -1,7 +1,20 @@
-"""GPT models built from lnblocks ``Block``s: ``GPTConfig``, ``GPT``, init schemes, HF conversion (lazy)."""
+"""GPT models built from lnblocks ``Block``s: ``GPTConfig``, ``GPT``, init schemes, HF conversion (lazy), sharded
+training (``lnblocks.models.parallel``, lazy: ``parallelize``, ``ParallelConfig``, ``build_mesh``)."""
+
+from typing import Any
 
 from lnblocks.models.config import INIT_SCHEMES, POSITIONS, GPTConfig, mix_ln
 from lnblocks.models.gpt import GPT
 from lnblocks.models.init import init_weights
 
-__all__ = ["GPT", "INIT_SCHEMES", "POSITIONS", "GPTConfig", "init_weights", "mix_ln"]
+_PARALLEL = ("ParallelConfig", "build_mesh", "parallelize")
+
+__all__ = ["GPT", "INIT_SCHEMES", "POSITIONS", "GPTConfig", "init_weights", "mix_ln", *_PARALLEL]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PARALLEL:  # imported on first use: it loads torch.distributed's FSDP2 and DTensor packages
+        from lnblocks.models import parallel
+
+        return getattr(parallel, name)
+    raise AttributeError(f"module 'lnblocks.models' has no attribute {name!r}")

@@ -179,3 +179,45 @@ def test_recognition_is_by_math_not_by_name():
     patch_norms(patched)
     x = torch.randn(3, 24, dtype=torch.bfloat16)
     assert torch.equal(original(x), patched(x))
+
+
+# ---- LayerNorm classes of OLMo (non-parametric, arXiv 2402.00838) and Cohere ------------------------------------
+LAYERNORM_CLASSES = [
+    ("olmo", "OlmoLayerNorm", "fp32_input", {}),
+    ("cohere", "CohereLayerNorm", "class", {"eps": 1e-5}),
+    ("cohere2", "Cohere2LayerNorm", "class", {"eps": 1e-5}),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("module_name,cls_name,route,kwargs", LAYERNORM_CLASSES, ids=lambda v: str(v))
+def test_olmo_and_cohere_layernorms_patch_bit_identical(module_name, cls_name, route, kwargs, dtype):
+    cls = _hf_class(module_name, cls_name)
+    math = math_of_class(cls)
+    assert math is not None and math.kind == "layernorm" and math.torch_route == route
+    torch.manual_seed(0)
+    original = cls(96, **kwargs).to(dtype)
+    with torch.no_grad():
+        for p in original.parameters():
+            p.normal_(0.0, 1.0)
+    patched = copy.deepcopy(original)
+    report = patch_norms(patched, backend="torch")
+    assert len(report.patched) == 1 and is_patched(patched)
+    expected_spec = "layernorm(eps=1e-05, bias=False" + (", affine=False" if route == "fp32_input" else "")
+    assert report.patched[0].math.startswith(expected_spec)
+    x = torch.randn(3, 7, 96, dtype=dtype) * 3 + 0.5
+    grad = torch.randn(3, 7, 96, dtype=dtype)
+    for a, b in zip(_run(original, x, grad), _run(patched, x, grad), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    # the fused call a decoder layer makes: (norm(x + r), x + r), the add in the input dtype as HF does it
+    r = torch.randn(3, 7, 96, dtype=dtype)
+    y, total = patched(x, residual=r)
+    assert torch.equal(total, x + r) and torch.equal(y, original(x + r))
+    assert torch.equal(patched(x.double()), original(x.double()))  # fp64: the class's fp32 compute
+
+
+def test_cohere_per_head_layernorm_is_left_unknown():
+    # Cohere's QK-norm: a (heads, head_dim) weight, normalised over head_dim only; no lnblocks norm has that shape
+    module = _hf_class("cohere", "CohereLayerNorm")((4, 16), eps=1e-5)
+    rec = recognise(module)
+    assert rec.status == "unknown" and "are not one 1-D weight" in rec.reason

@@ -178,7 +178,7 @@ def test_bad_arguments():
     assert not any(is_patched(m) for m in model.modules())
 
 
-def test_backend_change_on_repatch_and_triton_runs_when_a_kernel_can():
+def test_backend_change_needs_unpatch_and_triton_runs_when_a_kernel_can():
     from lnblocks.kernels import unavailable_reason
 
     model = build("llama").eval()
@@ -189,6 +189,10 @@ def test_backend_change_on_repatch_and_triton_runs_when_a_kernel_can():
     spec = norm._lnblocks_norm.spec
     if unavailable_reason(spec, torch.empty(1, 32)) is not None:
         pytest.skip("no Triton kernel can run here")
+    with pytest.raises(ValueError, match=r"already patched with backend='torch' .* backend='triton' is refused"):
+        patch_norms(model, backend="triton")
+    assert norm._lnblocks_norm.spec.backend == "torch"  # unchanged
+    unpatch_norms(model)
     patch_norms(model, backend="triton")
     assert norm._lnblocks_norm.spec.backend == "triton"
     batch = inputs(model)

@@ -84,9 +84,11 @@ def test_overrides_apply_before_validation_and_paths_resolve_against_the_current
         load_study(cfg)
     (tmp_path / "tok").mkdir()
     np.arange(100, dtype=np.uint16).__mod__(50).astype(np.uint16).tofile(tmp_path / "tok" / "t.bin")
+    np.arange(50, dtype=np.uint16).tofile(tmp_path / "tok" / "v.bin")  # held-out data may not be the train file
     monkeypatch.chdir(tmp_path)
-    run = load_study(cfg, overrides={"data.train_path": "tok/t.bin", "data.val_path": "tok/t.bin"}).base
-    assert run.data.train_path == run.data.val_path == str(tmp_path / "tok" / "t.bin")
+    run = load_study(cfg, overrides={"data.train_path": "tok/t.bin", "data.val_path": "tok/v.bin"}).base
+    tok = tmp_path / "tok"
+    assert (run.data.train_path, run.data.val_path) == (str(tok / "t.bin"), str(tok / "v.bin"))
 
 
 def test_study_wide_sections_take_overrides_and_are_not_hashed() -> None:

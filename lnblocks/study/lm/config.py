@@ -15,7 +15,7 @@ from typing import Any
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int
 from lnblocks.study.core.run_config import LabelledRun, check_seed
-from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, CorpusConfig
+from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, LATER_KEYS, CorpusConfig
 from lnblocks.study.lm.model_config import ModelConfig
 
 BUILTIN_SOURCES = ("shakespeare", "markov")
@@ -27,10 +27,11 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
 # The corpus keys of the data section: CorpusConfig's fields but source, vocab_size and the held-out fraction (which
 # are DataConfig's own: eval_fraction is CorpusConfig.val_fraction).
-CORPUS_KEYS = ("train_path", "val_path", "token_dtype", "files", "val_files", "dataset", "dataset_format", "split",
-               "val_split", "text_column", "tokenizer", "eos_token", "cache_dir")  # fmt: skip
+CORPUS_KEYS = ("train_path", "val_path", "token_dtype", "files", "val_files", "exclude", "skip_undecodable", "dataset",
+               "dataset_format", "split", "val_split", "text_column", "tokenizer", "eos_token", "cache_dir",
+               "allow_unused_vocab")  # fmt: skip
 # data keys whose values are file paths (or lists of them): relative ones resolve against the study file's folder
-PATH_KEYS = ("train_path", "val_path", "files", "val_files", "dataset", "tokenizer", "cache_dir")
+PATH_KEYS = ("train_path", "val_path", "files", "val_files", "exclude", "dataset", "tokenizer", "cache_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +72,8 @@ class DataConfig(Config):
     # text
     files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    skip_undecodable: bool = False
     # hf_dataset
     dataset: str | None = None
     dataset_format: str | None = None
@@ -81,6 +84,7 @@ class DataConfig(Config):
     tokenizer: str = "bytes"
     eos_token: str | None = None
     cache_dir: str | None = None
+    allow_unused_vocab: bool = False
 
     def __post_init__(self) -> None:
         check_choice("source", self.source, DATA_SOURCES)
@@ -107,6 +111,12 @@ class DataConfig(Config):
         corpus = self.corpus_config()  # validates the corpus keys (paths exist, globs match, tokenizer found)
         for name in CORPUS_KEYS:
             self._set(name, getattr(corpus, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every resolved key, except the corpus keys added later (``LATER_KEYS``) while at their defaults: so a
+        run's id (which hashes this) is the one it had before those keys existed."""
+        out = super().to_dict()
+        return {k: v for k, v in out.items() if not (k in LATER_KEYS and getattr(self, k) == LATER_KEYS[k])}
 
     def corpus_config(self) -> CorpusConfig:
         """The ``CorpusConfig`` of a ``tokens`` / ``text`` / ``hf_dataset`` source (``ValueError`` for the others)."""

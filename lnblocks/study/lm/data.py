@@ -195,5 +195,5 @@ def data_prepare_command(config: str | Path, overrides: Mapping[str, Any] | None
         if data.source in BUILTIN_SOURCES:
             print(describe_builtin(data))
         else:
-            print(prepare_corpus(data.corpus_config(), show_progress=show).describe())
+            print(prepare_corpus(data.corpus_config(), show_progress=show, seq_len=data.seq_len).describe())
     return 0

@@ -234,3 +234,56 @@ def all_plots(records: list[RunRecord], rows: list[dict[str, Any]], folder: Path
         diagnostics_plot(records, folder / "diagnostics.png"),
     ]
     return [p for p in made if p is not None]
+
+
+# Figures for the documentation. A figure is data (``spec``: a title and panels of lines, bands and reference
+# lines, every number in it), so what it shows can be hashed and compared without drawing it; ``draw_figure`` is the
+# only code that touches matplotlib. The style is fixed here, not read from the user's matplotlibrc.
+FIGURE_RC = {
+    "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 7.5,
+    "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.6,
+    "lines.linewidth": 1.6, "lines.markersize": 4.5, "savefig.dpi": 110, "path.simplify": False,
+}  # fmt: skip
+
+
+def draw_figure(spec: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> Path:
+    """Draw ``spec`` into a PNG at ``path``: one row of panels, each with its ``bands`` (95% intervals), ``lines``
+    (``ls: ""`` draws markers only), ``hlines`` and axis settings. The file holds no date and no software tag, so its
+    bytes depend only on ``spec`` and the matplotlib version; ``metadata`` goes into its text chunks."""
+    plt = _plt()
+    with plt.style.context("default"), plt.rc_context(FIGURE_RC):
+        w, h = spec.get("panel_size", (4.6, 3.4))
+        fig, axes = _axes(1, len(spec["panels"]), w, h)
+        for ax, panel in zip(axes[0], spec["panels"]):
+            for band in panel.get("bands", ()):
+                ax.fill_between(band["x"], band["lo"], band["hi"], color=band["color"], alpha=0.18, lw=0)
+            for line in panel.get("lines", ()):
+                ax.plot(
+                    line["x"],
+                    _nan(line["y"]),
+                    linestyle=line.get("ls", "-") or "none",
+                    marker=line.get("marker", "o"),
+                    color=line["color"],
+                    alpha=line.get("alpha", 1.0),
+                    ms=line.get("ms", FIGURE_RC["lines.markersize"]),
+                    label=line.get("label"),
+                )
+            for ref in panel.get("hlines", ()):
+                ax.axhline(ref["y"], color=ref.get("color", "gray"), ls=":", lw=1.2, label=ref.get("label"))
+            ax.set_xscale(panel.get("xscale", "linear"))
+            ax.set_yscale(panel.get("yscale", "linear"))
+            if "ylim" in panel:
+                ax.set_ylim(*panel["ylim"])
+            if "xticks" in panel:
+                ax.set_xticks(panel["xticks"], panel.get("xticklabels", [str(t) for t in panel["xticks"]]))
+                ax.minorticks_off()
+            ax.set_title(panel.get("title", ""))
+            ax.set_xlabel(panel.get("xlabel", ""))
+            ax.set_ylabel(panel.get("ylabel", ""))
+            if panel.get("legend"):
+                ax.legend(loc=panel["legend"], ncols=panel.get("legend_cols", 1), framealpha=0.9)
+        fig.suptitle(spec["title"], fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, metadata={"Software": None, **(metadata or {})})
+    plt.close(fig)
+    return path

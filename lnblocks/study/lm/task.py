@@ -9,6 +9,7 @@ Its runs train with DDP under ``torchrun``, log curves (``lm.curves``) and token
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from lnblocks.blocks.config import AttentionConfig, MLPConfig
@@ -102,17 +103,21 @@ def train(run: RunConfig, ctx: RunContext) -> RunRecord:
 
 
 def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]:
-    """Tokenize (or check) every distinct corpus the runs train on, once, before any run starts; one line each."""
+    """Tokenize (or check) every distinct corpus the runs train on, once, before any run starts; one line each.
+    A corpus too short for a run's ``seq_len`` (or otherwise unfit: ``lnblocks.study.lm.corpus.verify``) fails here."""
     from lnblocks.study.lm.corpus import prepare_corpus
 
     lines = []
-    corpora = {}
+    corpora: dict[str, tuple[Any, int]] = {}  # corpus -> the longest seq_len a run reads from it
     for run in runs:
         if run.data.source not in BUILTIN_SOURCES:
             corpus = run.data.corpus_config()
-            corpora.setdefault(json.dumps(corpus.to_dict(), sort_keys=True), corpus)
-    for corpus in corpora.values():
-        s = prepare_corpus(corpus, show_progress=show_progress)
+            key = json.dumps(corpus.to_dict(), sort_keys=True)
+            corpora[key] = (corpus, max(run.data.seq_len, corpora.get(key, (None, 0))[1]))
+    for corpus, seq_len in corpora.values():
+        s = prepare_corpus(corpus, show_progress=show_progress, seq_len=seq_len)
+        for warning in s.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         lines.append(
             f"{s.describe().splitlines()[0]}; {s.train_tokens:,} train / {s.val_tokens:,} val tokens, "
             f"vocabulary {s.vocab_size:,}, unigram plateau {s.reference['unigram']:.4f} nats"

@@ -5,6 +5,8 @@ and ``datasets`` datasets tokenized once (local HF tokenizer or bytes) into that
 ``CorpusConfig`` describes a corpus (the ``data`` section keys of the ``tokens``, ``text`` and ``hf_dataset``
 sources), ``prepare_corpus(cfg)`` tokenizes/checks it and returns a ``CorpusSummary`` (tokens, vocabulary, reference
 losses), ``open_corpus(cfg, seq_len=..., batch_size=...)`` gives the ``TokenFileSource`` a run trains on.
+What a corpus must pass before it is trusted or trained on is in ``verify``; the cache's bound and ``lnblocks data
+clean`` in ``evict``.
 """
 
 from lnblocks._optional import require

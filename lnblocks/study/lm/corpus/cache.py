@@ -1,11 +1,15 @@
 """Files of the corpus cache, written so that a crash or a second process never leaves a half-written corpus:
-token files under temporary names in the same folder renamed into place (``os.replace`` is atomic on POSIX and
-Windows; JSON files go through the study's ``core.atomic.write_json_atomic``), and one lock file per corpus
-(``filelock``: an OS lock, released when its process dies, so a killed run leaves no stale lock)."""
+temporary names in the same folder renamed into place (``os.replace`` is atomic on POSIX and Windows; JSON files go
+through the study's ``core.atomic.write_json_atomic``), and one lock file per corpus (``filelock``: an OS lock,
+released when its process dies, so a killed run leaves no stale lock). A cache file is trusted only after a check:
+JSON files carry the sha256 of their own content (``seal`` / ``unseal``), token files the sha256 of theirs (counted
+by ``TokenWriter`` as it writes, checked by ``file_sha256``)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import sys
 import uuid
@@ -18,6 +22,41 @@ import numpy as np
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def seal(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` plus ``"sha256"``: the digest of its canonical JSON, so an edited or damaged file is told apart."""
+    return {**obj, "sha256": _digest(obj)}
+
+
+def unseal(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(content without its digest, None)`` for a sound sealed JSON file, ``(None, why)`` for a damaged one,
+    ``(None, None)`` when there is no file."""
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as err:
+        return None, f"{path.name} is not readable JSON ({' '.join(str(err).split())})"
+    if not isinstance(obj, dict) or not isinstance(obj.get("sha256"), str):
+        return None, f"{path.name} carries no sha256 of its content"
+    body = {k: v for k, v in obj.items() if k != "sha256"}
+    if _digest(body) != obj["sha256"]:
+        return None, f"{path.name} does not match its sha256 (edited or damaged)"
+    return body, None
+
+
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    """sha256 of a file, read in ``chunk``-byte pieces (bounded memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 @contextlib.contextmanager
@@ -39,13 +78,14 @@ def corpus_lock(folder: Path) -> Iterator[None]:
 
 
 class TokenWriter:
-    """Appends token ids to a nanoGPT-format file under a temporary name, counting them per id as it goes;
-    ``commit()`` renames it into place, leaving the context without ``commit()`` deletes it."""
+    """Appends token ids to a nanoGPT-format file under a temporary name, counting them per id and hashing the bytes
+    as it goes; ``commit()`` renames it into place, leaving the context without ``commit()`` deletes it."""
 
     def __init__(self, path: Path, dtype: np.dtype, vocab_size: int) -> None:
         self.path, self.dtype, self.vocab_size = path, dtype, vocab_size
         self.counts = np.zeros(vocab_size, dtype=np.int64)
         self.tokens = 0
+        self.sha256 = hashlib.sha256()
         self._tmp = _tmp_name(path)
         self._file: Any = None
 
@@ -61,7 +101,9 @@ class TokenWriter:
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             bad = int(ids.max()) if int(ids.max()) >= self.vocab_size else int(ids.min())
             raise ValueError(f"the tokenizer produced id {bad}, outside [0, vocab_size={self.vocab_size})")
-        self._file.write(np.ascontiguousarray(ids, dtype=self.dtype).tobytes())
+        raw = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
+        self._file.write(raw)
+        self.sha256.update(raw)
         self.counts += np.bincount(ids, minlength=self.vocab_size)
         self.tokens += int(ids.size)
 

@@ -4,20 +4,25 @@ Three sources (the ``data.source`` values of a study file):
 
 - ``tokens``: nanoGPT-format token files, a flat array of token ids with no header (``train_path``, ``val_path``,
   ``token_dtype``, ``vocab_size``);
-- ``text``: local text files or globs (``files``; held-out text from ``val_files`` or the tail ``val_fraction`` of
-  every file) tokenized with ``tokenizer`` (a local HF tokenizer folder or ``tokenizer.json``, or ``"bytes"``);
+- ``text``: local text files or globs (``files``, minus those ``exclude`` matches; held-out text from ``val_files``
+  or the tail ``val_fraction`` of every file) tokenized with ``tokenizer`` (a local HF tokenizer folder or
+  ``tokenizer.json``, or ``"bytes"``); every file is checked to be UTF-8 before any is tokenized, and
+  ``skip_undecodable`` leaves out (and counts) those that are not;
 - ``hf_dataset``: a ``datasets`` dataset saved with ``save_to_disk``, or local json/jsonl/csv/txt/parquet files,
   read through ``text_column`` (held-out rows from ``val_split`` or the last ``val_fraction`` of the rows).
 
 ``text`` and ``hf_dataset`` are tokenized once into the ``tokens`` format under ``cache_dir`` (which also keeps the
 reference losses counted over ``tokens`` files). Paths are checked
-when the config is built, so a typo fails before any run starts, with the dotted key in the message.
+when the config is built, so a typo fails before any run starts, with the dotted key in the message; so are train
+and held-out data that are the same (the same token file twice, ``split == val_split``, a file in both ``files`` and
+``val_files``).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ from lnblocks.config import (
     Config,
     ConfigTypeError,
     ConfigValueError,
+    check_bool,
     check_choice,
     check_float,
     check_int,
@@ -44,6 +50,8 @@ _ONLY_FOR = {
     "token_dtype": "tokens",
     "files": "text",
     "val_files": "text",
+    "exclude": "text",
+    "skip_undecodable": "text",
     "dataset": "hf_dataset",
     "dataset_format": "hf_dataset",
     "split": "hf_dataset",
@@ -51,25 +59,83 @@ _ONLY_FOR = {
     "text_column": "hf_dataset",
 }
 _TOKENIZED = ("text", "hf_dataset")  # sources that use tokenizer, eos_token, val_fraction
+# Keys added after run ids were fixed: a study's run config leaves them out while they hold these defaults, so the id
+# of every run configured before they existed stays the same (lnblocks.study.lm.config.DataConfig.to_dict).
+LATER_KEYS = {"exclude": (), "skip_undecodable": False, "allow_unused_vocab": False}
+# A vocab_size more than this many times the ids the data can hold is refused unless allow_unused_vocab is set.
+UNUSED_VOCAB_RATIO = 4
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of a regular file (one ``stat``: the same file by any path, link or symlink), else None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def _matches(pattern: str) -> list[str]:
+    expanded = os.path.expanduser(pattern)
+    return sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
 
 
 def expand_patterns(key: str, patterns: tuple[str, ...]) -> list[Path]:
     """Files matched by ``patterns`` (paths or globs, ``~`` expanded), in order, each once; a pattern that matches
     no file raises ``ConfigValueError`` naming ``key[i]``."""
     out: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[tuple[int, int]] = set()
     for i, pattern in enumerate(patterns):
-        expanded = os.path.expanduser(pattern)
-        matches = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
-        files = [Path(m) for m in matches if Path(m).is_file()]
+        found = [(m, _file_id(m)) for m in _matches(pattern)]
+        files = [(m, fid) for m, fid in found if fid is not None]
         if not files:
-            what = "matches no file" if glob.has_magic(expanded) else "is not an existing file"
+            what = "matches no file" if glob.has_magic(os.path.expanduser(pattern)) else "is not an existing file"
             raise ConfigValueError(f"{key}[{i}]", f"{what}: {pattern!r}")
-        for f in files:
-            if f.resolve() not in seen:
-                seen.add(f.resolve())
-                out.append(f)
+        for m, fid in files:
+            if fid not in seen:
+                seen.add(fid)
+                out.append(Path(m))
     return out
+
+
+def excluded(files: list[Path], exclude: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
+    """``(kept, left out)``: ``files`` split by the ``exclude`` paths/globs (expanded like ``files``; a folder leaves
+    out every file under it). A pattern that matches nothing is not an error (it may match on another machine)."""
+    if not exclude:
+        return files, []
+    hit: set[tuple[int, int] | None] = set()
+    folders: set[str] = set()
+    for pattern in exclude:
+        for m in _matches(pattern):
+            if os.path.isdir(m):
+                folders |= {os.path.join(os.path.abspath(m), ""), os.path.join(os.path.realpath(m), "")}
+            else:
+                hit.add(_file_id(m))
+    hit.discard(None)
+    under = tuple(folders)
+    kept: list[Path] = []
+    out: list[Path] = []
+    for f in files:
+        gone = (under and os.path.abspath(f).startswith(under)) or (hit and _file_id(str(f)) in hit)
+        (out if gone else kept).append(f)
+    return kept, out
+
+
+def text_files(cfg: CorpusConfig) -> tuple[list[Path], list[Path], int]:
+    """``(files, val_files, how many exclude left out)`` of a ``text`` corpus: the patterns expanded, ``exclude``
+    applied; ``ConfigValueError`` when nothing is left of ``files`` / ``val_files`` or a file is in both."""
+    out: dict[str, list[Path]] = {"files": [], "val_files": []}
+    n_excluded = 0
+    for key in ("files", "val_files") if cfg.val_files else ("files",):
+        out[key], dropped = excluded(expand_patterns(key, getattr(cfg, key)), cfg.exclude)
+        n_excluded += len(dropped)
+        if not out[key]:
+            raise ConfigValueError(key, f"every file it matches is left out by exclude ({len(dropped)} file(s))")
+    train = {_file_id(str(f)) for f in out["files"]}
+    both = sorted(str(f) for f in out["val_files"] if _file_id(str(f)) in train)
+    if both:
+        raise ConfigValueError("val_files", f"{both[0]!r} is also in files (train and val overlap)")
+    return out["files"], out["val_files"], n_excluded
 
 
 def default_cache_dir() -> Path:
@@ -112,6 +178,13 @@ class CorpusConfig(Config):
     ``bytes``), and a value given here must be at least that (a model may have spare rows). ``eos_token``: a token
     of the tokenizer appended after every document (file or row), e.g. ``"<|endoftext|>"`` or ``"[SEP]"``; for
     ``bytes`` a one-byte string such as ``"\\n"``.
+
+    ``exclude`` (text): paths or globs of files to leave out of ``files`` and ``val_files``. ``skip_undecodable``
+    (text): leave out the files that are not UTF-8 (they are counted and named in the corpus description) instead of
+    refusing the corpus; no effect with ``tokenizer: bytes``, which never decodes. ``allow_unused_vocab``: accept a
+    ``vocab_size`` more than ``UNUSED_VOCAB_RATIO`` (4) times the ids the data can hold (``max id + 1`` of the token
+    files, the tokenizer's vocabulary for text/hf_dataset); refused otherwise, as a typo that would allocate an
+    embedding of mostly unused rows and move the uniform reference ln V.
     """
 
     source: str = "tokens"
@@ -123,6 +196,8 @@ class CorpusConfig(Config):
     # text
     files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    skip_undecodable: bool = False
     # hf_dataset
     dataset: str | None = None
     dataset_format: str | None = None
@@ -134,11 +209,15 @@ class CorpusConfig(Config):
     eos_token: str | None = None
     val_fraction: float = 0.1
     cache_dir: str | None = None
+    allow_unused_vocab: bool = False
 
     def __post_init__(self) -> None:
         check_choice("source", self.source, CORPUS_SOURCES)
         self._set("files", _paths("files", self.files))
         self._set("val_files", _paths("val_files", self.val_files))
+        self._set("exclude", _paths("exclude", self.exclude))
+        check_bool("skip_undecodable", self.skip_undecodable)
+        check_bool("allow_unused_vocab", self.allow_unused_vocab)
         self._set("vocab_size", check_int("vocab_size", self.vocab_size, minimum=2, allow_none=True))
         check_choice("token_dtype", self.token_dtype, TOKEN_DTYPES)
         self._set("val_fraction", check_float("val_fraction", self.val_fraction, lo=0.0, hi=0.5, lo_open=True))
@@ -171,6 +250,11 @@ class CorpusConfig(Config):
                 raise ConfigValueError(name, f"is not an existing file: {path!r}")
         if self.vocab_size is None:
             raise ConfigValueError("vocab_size", "is required for source 'tokens' (token files carry no header)")
+        train, val = (Path(os.path.expanduser(p)) for p in (self.train_path, self.val_path))  # type: ignore[arg-type]
+        if os.path.samefile(train, val):
+            raise ConfigValueError(
+                "val_path", f"is the same file as train_path ({str(val)!r}): held-out data must not be trained on"
+            )
         if self.token_dtype == "uint16" and self.vocab_size > 2**16:
             raise ConfigValueError(
                 "token_dtype", f"uint16 cannot hold the ids of vocab_size {self.vocab_size}; use uint32"
@@ -188,9 +272,7 @@ class CorpusConfig(Config):
     def _check_text(self) -> None:
         if not self.files:
             raise ConfigValueError("files", "is required for source 'text' (paths or globs of text files)")
-        expand_patterns("files", self.files)
-        if self.val_files:
-            expand_patterns("val_files", self.val_files)
+        text_files(self)
         self._check_tokenizer()
 
     def _check_dataset(self) -> None:
@@ -204,6 +286,12 @@ class CorpusConfig(Config):
             expand_patterns("dataset", (self.dataset,))
             if self.val_split is not None:
                 raise ConfigValueError("val_split", "names a split of a save_to_disk DatasetDict; not for files")
+        if self.val_split == self.split:
+            raise ConfigValueError(
+                "val_split",
+                f"is the split trained on ({self.split!r}, the key split): name another split, or leave val_split "
+                "unset to hold out the last val_fraction of the rows",
+            )
         self._check_tokenizer()
 
     # ---- derived ---------------------------------------------------------------------------------------------

@@ -5,8 +5,11 @@ check a ``tokens`` corpus), count its tokens and compute its reference losses; `
 A prepared corpus is the folder ``<cache_dir>/<source>-<key>/`` holding ``train.bin``, ``val.bin`` and
 ``meta.json``. The key hashes everything that decides the ids: each input file's path, size and mtime (not its
 content: hashing a 10 GB corpus would take longer than checking it), the tokenizer's files, ``eos_token``, the
-split settings and ``CORPUS_FORMAT``. ``meta.json`` is written last, so its presence means the corpus is complete;
-a lock file makes a second process wait and then reuse the first one's work.
+split settings and ``CORPUS_FORMAT``. ``meta.json`` (the manifest) is written last, so its presence means the
+corpus is complete; a lock file makes a second process wait and then reuse the first one's work. The manifest
+carries its own sha256 and each token file's size and sha256: every open checks the sizes, ``prepare_corpus`` also the
+checksums, and an entry that fails is named on stderr and rebuilt (``lnblocks.study.lm.corpus.verify``). The cache is
+bounded (``lnblocks.study.lm.corpus.evict``).
 """
 
 from __future__ import annotations
@@ -15,37 +18,46 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
+import sys
 import time
+import uuid
 from collections.abc import Mapping
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lnblocks._optional import require
 from lnblocks.study.core.atomic import write_json_atomic
-from lnblocks.study.lm.corpus import documents as docs
-from lnblocks.study.lm.corpus.cache import TokenWriter, corpus_lock
-from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns
+from lnblocks.study.lm.corpus.cache import TokenWriter, corpus_lock, seal, unseal
+from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns, text_files
+from lnblocks.study.lm.corpus.evict import Lease, evict, keep_limit, touch
 from lnblocks.study.lm.corpus.tokenizer import TextTokenizer
+from lnblocks.study.lm.corpus.tokenizing import tokenize_dataset, tokenize_text, undecodable_error
 from lnblocks.study.lm.corpus.tokens import (
     TokenFileSource,
     check_sample,
+    reference_entry,
     reference_from_counts,
-    reference_losses,
+    same_content,
     token_count,
 )
+from lnblocks.study.lm.corpus.verify import check_vocab, check_windows, data_warnings, entry_problem
 
-CORPUS_FORMAT = "lnblocks.corpus/1"
+# 2: the held-out tail of a text file starts at the line start nearest its target (1 was the next unindented line),
+# and the manifest carries sha256s, max_id, the lineage and the files left out.
+CORPUS_FORMAT = "lnblocks.corpus/2"
 SPLITS = ("train", "val")
+SHOWN_SKIPPED = 5  # undecodable files named in the description (all are in the manifest)
 
 
 @dataclasses.dataclass(frozen=True)
 class CorpusSummary:
     """What ``prepare_corpus`` found or made: the token files, their sizes, vocabulary and reference losses.
 
-    ``cached``: the corpus was already in the cache (nothing tokenized); ``seconds``: time spent tokenizing.
+    ``cached``: the corpus was already in the cache (nothing tokenized); ``seconds``: time spent tokenizing;
+    ``skipped``: text files left out as not UTF-8 (``skip_undecodable``); ``excluded``: files ``exclude`` left out;
+    ``warnings``: what looks wrong without being certainly wrong (printed once before any run).
     """
 
     source: str
@@ -59,10 +71,14 @@ class CorpusSummary:
     tokenizer: str | None = None
     cached: bool = False
     seconds: float = 0.0
+    skipped: tuple[str, ...] = ()
+    excluded: int = 0
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["train_path"], d["val_path"] = str(self.train_path), str(self.val_path)
+        d["skipped"], d["warnings"] = list(self.skipped), list(self.warnings)
         return d
 
     def describe(self) -> str:
@@ -70,17 +86,22 @@ class CorpusSummary:
         how = "found in cache" if self.cached else f"tokenized in {self.seconds:.1f} s"
         if self.source == "tokens":
             how = "token files checked"
-        return "\n".join(
-            [
-                f"corpus: {self.source} ({how}), tokenizer: {self.tokenizer or '-'}",
-                f"tokens: train {self.train_tokens:,}, val {self.val_tokens:,} ({self.token_dtype})",
-                f"vocabulary: {self.vocab_size:,}",
-                f"reference losses (nats/token): uniform ln V = {self.reference['uniform']:.4f}, "
-                f"unigram plateau = {self.reference['unigram']:.4f}",
-                f"train: {self.train_path}",
-                f"val:   {self.val_path}",
-            ]
-        )
+        lines = [
+            f"corpus: {self.source} ({how}), tokenizer: {self.tokenizer or '-'}",
+            f"tokens: train {self.train_tokens:,}, val {self.val_tokens:,} ({self.token_dtype})",
+            f"vocabulary: {self.vocab_size:,}",
+            f"reference losses (nats/token): uniform ln V = {self.reference['uniform']:.4f}, "
+            f"unigram plateau = {self.reference['unigram']:.4f}",
+            f"train: {self.train_path}",
+            f"val:   {self.val_path}",
+        ]
+        if self.excluded:
+            lines.append(f"excluded: {self.excluded:,} file(s) matched by exclude")
+        if self.skipped:
+            more = f" and {len(self.skipped) - SHOWN_SKIPPED} more" if len(self.skipped) > SHOWN_SKIPPED else ""
+            named = ", ".join(repr(s) for s in self.skipped[:SHOWN_SKIPPED])
+            lines.append(f"skipped: {len(self.skipped):,} file(s) not UTF-8 (skip_undecodable): {named}{more}")
+        return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
 
 def _stat(path: Path, root: Path | None = None) -> list[Any]:
@@ -92,9 +113,10 @@ def _stat(path: Path, root: Path | None = None) -> list[Any]:
 def _inputs(cfg: CorpusConfig) -> dict[str, Any]:
     """The input files (path, size, mtime) whose change must invalidate the cache entry."""
     if cfg.source == "text":
-        out: dict[str, Any] = {"files": [_stat(f) for f in expand_patterns("files", cfg.files)]}
+        files, val_files, _ = text_files(cfg)
+        out: dict[str, Any] = {"files": [_stat(f) for f in files]}
         if cfg.val_files:
-            out["val_files"] = [_stat(f) for f in expand_patterns("val_files", cfg.val_files)]
+            out["val_files"] = [_stat(f) for f in val_files]
         return out
     if cfg.resolved_format == "disk":
         root = Path(os.path.expanduser(cfg.dataset or ""))
@@ -120,18 +142,37 @@ def cache_key(cfg: CorpusConfig, tokenizer: TextTokenizer) -> dict[str, Any]:
     }
 
 
+def _digest(obj: Any, n: int) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:n]
+
+
+def lineage(cfg: CorpusConfig, key: Mapping[str, Any]) -> str:
+    """The key with the input files' sizes and mtimes and the tokenizer's content replaced by the patterns and the
+    tokenizer's path: the same for every version of one corpus config (older versions can never be hit again)."""
+
+    def where(p: str) -> str:
+        return os.path.abspath(os.path.expanduser(p))
+
+    patterns = {k: [where(p) for p in getattr(cfg, k)] for k in ("files", "val_files", "exclude")}
+    tokenizer = cfg.tokenizer if cfg.tokenizer == "bytes" else where(cfg.tokenizer)
+    inputs = {**patterns, "dataset": cfg.dataset and where(cfg.dataset)}
+    return _digest({**key, "inputs": inputs, "tokenizer": tokenizer}, 20)
+
+
 def corpus_folder(cfg: CorpusConfig, key: Mapping[str, Any]) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cfg.resolved_cache_dir / f"{cfg.source}-{digest}"
+    return cfg.resolved_cache_dir / f"{cfg.source}-{_digest(key, 20)}"
 
 
-def _read_meta(folder: Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-    complete = all((folder / f"{s}.bin").is_file() for s in SPLITS)
-    return meta if complete and meta.get("key") == key else None
+def _trusted_meta(folder: Path, key: Mapping[str, Any], checksums: bool) -> dict[str, Any] | None:
+    """The manifest of ``folder`` if the entry passes its checks; a damaged entry is named on stderr."""
+    meta, why = unseal(folder / "meta.json")
+    if meta is not None:
+        why = entry_problem(folder, meta, key, checksums=checksums)
+        if why is None:
+            return meta
+    if why is not None:
+        print(f"warning: corpus cache {str(folder)!r}: {why}; rebuilding it", file=sys.stderr, flush=True)
+    return None
 
 
 def _summary(folder: Path, meta: Mapping[str, Any], cached: bool) -> CorpusSummary:
@@ -147,102 +188,99 @@ def _summary(folder: Path, meta: Mapping[str, Any], cached: bool) -> CorpusSumma
         tokenizer=meta["tokenizer"],
         cached=cached,
         seconds=0.0 if cached else meta["seconds"],
+        skipped=tuple(s["path"] for s in meta.get("skipped", ())),
+        excluded=meta.get("excluded", 0),
+        warnings=tuple(data_warnings(meta["reference"])),
     )
 
 
-def _bar(show: bool, total: int, unit: str, desc: str) -> Any:
-    if not show:
-        return nullcontext(None)
-    return require("tqdm").tqdm(total=total, unit=unit, unit_scale=True, desc=desc, dynamic_ncols=True)
+def _build(cfg: CorpusConfig, tok: TextTokenizer, folder: Path, key: dict[str, Any], show: bool) -> dict[str, Any]:
+    """Tokenize the corpus into ``folder`` (its lock held) and write its sealed manifest."""
+    vocab_size = key["vocab_size"]
+    eos = None if cfg.eos_token is None else np.array([tok.token_id(cfg.eos_token)], dtype=np.int64)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".*.tmp-*"):  # left by a killed preparer (we hold the lock: nobody writes now)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+    (folder / "meta.json").unlink(missing_ok=True)
+    dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    t0 = time.perf_counter()
+    with (
+        TokenWriter(folder / "train.bin", dtype, vocab_size) as train,
+        TokenWriter(folder / "val.bin", dtype, vocab_size) as val,
+    ):
+        writers = {"train": train, "val": val}
+        if cfg.source == "text":
+            inputs = tokenize_text(cfg, tok, writers, eos, show)
+        else:
+            hf_cache = folder / f".datasets.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            inputs = tokenize_dataset(cfg, tok, writers, eos, show, hf_cache)
+        for split, w in writers.items():
+            if w.tokens < 2:
+                raise ValueError(f"the {split} split of the corpus has {w.tokens} token(s): nothing to train on")
+        train.commit()
+        val.commit()
+    meta = {
+        "format": CORPUS_FORMAT,
+        "key": key,
+        "lineage": lineage(cfg, key),
+        "tokenizer": tok.name,
+        "tokenizer_kind": tok.kind,
+        "token_dtype": dtype.name,
+        "vocab_size": vocab_size,
+        "max_id": int(np.flatnonzero(train.counts + val.counts).max()),
+        "tokens": {"train": train.tokens, "val": val.tokens},
+        "bin_sha256": {"train": train.sha256.hexdigest(), "val": val.sha256.hexdigest()},
+        "reference": reference_from_counts(train.counts, val.counts),
+        "seconds": round(time.perf_counter() - t0, 3),
+        **inputs,
+    }
+    write_json_atomic(folder / "meta.json", seal(meta))
+    return meta
 
 
-def _tokenize_text(
-    cfg: CorpusConfig, tok: TextTokenizer, writers: dict[str, TokenWriter], eos: Any, show: bool
-) -> None:
-    ranges = docs.text_documents(cfg)
-    total = sum(end - start for split in SPLITS for _, start, end in ranges[split])
-    n_files = len({p for split in SPLITS for p, _, _ in ranges[split]})
-    with _bar(show, total, "B", f"tokenizing {n_files} file(s)") as bar:
-        for split in SPLITS:
-            for path, start, end in ranges[split]:
-                for pieces in docs.read_pieces(path, start, end, bar):
-                    writers[split].write(tok.encode_pieces(pieces, where=f"files: {str(path)!r}"))
-                if eos is not None:
-                    writers[split].write(eos)
-
-
-def _tokenize_dataset(
-    cfg: CorpusConfig, tok: TextTokenizer, writers: dict[str, TokenWriter], eos: Any, show: bool
-) -> None:
-    rows = docs.dataset_rows(cfg)
-    total = sum(end - start for _, start, end in rows.values())
-    with _bar(show, total, "rows", f"tokenizing {total} rows") as bar:
-        for split in SPLITS:
-            ds, start, end = rows[split]
-            for texts in docs.row_batches(ds, start, end, cfg.text_column, bar):
-                parts = []
-                for ids in tok.encode(texts):
-                    parts.append(ids)
-                    if eos is not None:
-                        parts.append(eos)
-                if parts:
-                    writers[split].write(np.concatenate(parts))
-
-
-def _tokenize_into_cache(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
+def _tokenize_into_cache(
+    cfg: CorpusConfig, show_progress: bool, checksums: bool, hold: bool
+) -> tuple[CorpusSummary, Lease | None]:
+    keep = keep_limit()  # a bad $LNBLOCKS_CORPUS_KEEP fails before any work
     tok = TextTokenizer(cfg.tokenizer)
     vocab_size = cfg.vocab_size or tok.vocab_size
     if vocab_size < tok.vocab_size:
         raise ValueError(f"vocab_size: {vocab_size} is smaller than the tokenizer's {tok.vocab_size} ids")
-    eos = None if cfg.eos_token is None else np.array([tok.token_id(cfg.eos_token)], dtype=np.int64)
+    check_vocab(vocab_size, tok.vocab_size, cfg.allow_unused_vocab, f"the tokenizer {tok.name!r} can produce")
     key = cache_key(cfg, tok)
     folder = corpus_folder(cfg, key)
     with corpus_lock(folder):
-        meta = _read_meta(folder, key)
-        if meta is not None:
-            return _summary(folder, meta, cached=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(".*.tmp-*"):  # left by a killed preparer (we hold the lock: nobody writes now)
-            stale.unlink(missing_ok=True)
-        (folder / "meta.json").unlink(missing_ok=True)
-        dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-        t0 = time.perf_counter()
-        with (
-            TokenWriter(folder / "train.bin", dtype, vocab_size) as train,
-            TokenWriter(folder / "val.bin", dtype, vocab_size) as val,
-        ):
-            writers = {"train": train, "val": val}
-            tokenize = _tokenize_text if cfg.source == "text" else _tokenize_dataset
-            tokenize(cfg, tok, writers, eos, show_progress)
-            for split, w in writers.items():
-                if w.tokens < 2:
-                    raise ValueError(f"the {split} split of the corpus has {w.tokens} token(s): nothing to train on")
-            train.commit()
-            val.commit()
-        meta = {
-            "format": CORPUS_FORMAT,
-            "key": key,
-            "tokenizer": tok.name,
-            "tokenizer_kind": tok.kind,
-            "token_dtype": dtype.name,
-            "vocab_size": vocab_size,
-            "tokens": {"train": train.tokens, "val": val.tokens},
-            "reference": reference_from_counts(train.counts, val.counts),
-            "seconds": round(time.perf_counter() - t0, 3),
-        }
-        write_json_atomic(folder / "meta.json", meta)
-        return _summary(folder, meta, cached=False)
+        meta = _trusted_meta(folder, key, checksums)
+        built = meta is None
+        if meta is None:
+            meta = _build(cfg, tok, folder, key, show_progress)
+        elif meta.get("skipped") and not cfg.skip_undecodable:  # refused now as it would be if not cached
+            raise undecodable_error(meta["skipped"], meta["files"] + len(meta["skipped"]))
+        touch(folder)
+        lease = Lease(folder) if hold else None
+    if built:
+        evict(cfg.resolved_cache_dir, keep, folder, meta["lineage"])
+    return _summary(folder, meta, cached=not built), lease
 
 
 def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
     dtype = np.dtype(cfg.token_dtype)
     assert cfg.train_path is not None and cfg.val_path is not None and cfg.vocab_size is not None
     train, val = Path(os.path.expanduser(cfg.train_path)), Path(os.path.expanduser(cfg.val_path))
-    check_sample(train, dtype, cfg.vocab_size, "train_path")
-    check_sample(val, dtype, cfg.vocab_size, "val_path")
-    reference = reference_losses(
+    layout = [check_sample(p, dtype, cfg.vocab_size, name) for p, name in ((train, "train_path"), (val, "val_path"))]
+    if same_content(train, val):
+        raise ValueError(
+            f"val_path: {str(val)!r} holds the same tokens as train_path {str(train)!r}: held-out data must not be "
+            "trained on"
+        )
+    entry = reference_entry(
         train, val, dtype, cfg.vocab_size, cache_dir=cfg.resolved_cache_dir, show_progress=show_progress
     )
+    max_id = entry["max_id"]
+    check_vocab(cfg.vocab_size, max_id + 1, cfg.allow_unused_vocab, f"the token files use (max id {max_id:,})")
     return CorpusSummary(
         source="tokens",
         train_path=train,
@@ -251,17 +289,31 @@ def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
         vocab_size=cfg.vocab_size,
         train_tokens=token_count(train, dtype, "train_path"),
         val_tokens=token_count(val, dtype, "val_path"),
-        reference=reference,
+        reference=entry["reference"],
+        warnings=tuple([w for w in layout if w] + data_warnings(entry["reference"])),
     )
 
 
-def prepare_corpus(cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool = True) -> CorpusSummary:
-    """Tokenize (``text``, ``hf_dataset``: once, then from the cache) or check (``tokens``: sizes, every id, and the
-    reference losses, cached) the corpus ``cfg`` describes. What ``lnblocks data prepare CONFIG`` runs."""
+def _find_or_make(
+    cfg: CorpusConfig | Mapping[str, Any], show_progress: bool, checksums: bool, hold: bool
+) -> tuple[CorpusSummary, Lease | None]:
     cfg = CorpusConfig.from_dict(cfg, key="data") if not isinstance(cfg, CorpusConfig) else cfg
     if cfg.source == "tokens":
-        return _check_token_files(cfg, show_progress)
-    return _tokenize_into_cache(cfg, show_progress)
+        return _check_token_files(cfg, show_progress), None
+    return _tokenize_into_cache(cfg, show_progress, checksums, hold)
+
+
+def prepare_corpus(
+    cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool = True, seq_len: int | None = None
+) -> CorpusSummary:
+    """Tokenize (``text``, ``hf_dataset``: once, then from the cache, its checksums verified) or check (``tokens``:
+    sizes, every id, and the reference losses, cached) the corpus ``cfg`` describes; with ``seq_len``, also that
+    both splits hold a window of ``seq_len + 1`` tokens. What ``lnblocks data prepare CONFIG`` runs, and a study's
+    driver before any run."""
+    summary, _ = _find_or_make(cfg, show_progress, checksums=True, hold=False)
+    if seq_len is not None:
+        check_windows(summary, seq_len)
+    return summary
 
 
 def open_corpus(
@@ -273,11 +325,11 @@ def open_corpus(
     data_seed: int = 0,
     show_progress: bool = False,
 ) -> TokenFileSource:
-    """The training source of a corpus (prepared first if needed): a drop-in sibling of the study's built-in
-    sources (``batch(B, generator)``, ``eval_set()``, ``reference``, ``vocab_size``)."""
-    cfg = CorpusConfig.from_dict(cfg, key="data") if not isinstance(cfg, CorpusConfig) else cfg
-    summary = prepare_corpus(cfg, show_progress=show_progress)
-    return TokenFileSource(
+    """The training source of a corpus (prepared first if needed; a cached one is checked by its sizes, the
+    checksums being ``prepare_corpus``'s): a drop-in sibling of the study's built-in sources (``batch(B, generator)``,
+    ``eval_set()``, ``reference``, ``vocab_size``). It holds the cache entry in use while it lives."""
+    summary, lease = _find_or_make(cfg, show_progress, checksums=False, hold=True)
+    source = TokenFileSource(
         summary.train_path,
         summary.val_path,
         vocab_size=summary.vocab_size,
@@ -288,3 +340,5 @@ def open_corpus(
         data_seed=data_seed,
         reference=summary.reference,
     )
+    source.lease = lease
+    return source

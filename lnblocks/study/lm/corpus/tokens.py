@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,14 @@ import torch
 from torch import Tensor
 
 from lnblocks.study.core.atomic import write_json_atomic
+from lnblocks.study.lm.corpus.cache import seal, unseal
+from lnblocks.study.lm.corpus.verify import reference_problem
 from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource
 
 COUNT_CHUNK_TOKENS = 1 << 23  # tokens per bincount chunk: 64 MiB of int64 at most
 SAMPLE_BLOCKS = 16  # blocks of the file checked for ids >= vocab_size when a source opens
 SAMPLE_BLOCK_TOKENS = 1 << 16
+REFERENCE_FORMAT = 2  # in the key of a reference-loss entry: 1 had no sha256 and no max_id
 
 
 def token_count(path: Path, dtype: np.dtype, name: str = "path") -> int:
@@ -50,15 +54,27 @@ def _bad_id_error(name: str, path: Path, ids: np.ndarray, offset: int, vocab_siz
     )
 
 
-def check_sample(path: Path, dtype: np.dtype, vocab_size: int, name: str = "path") -> None:
-    """Check ids ``< vocab_size`` in the head, the tail and ``SAMPLE_BLOCKS`` evenly spaced blocks of the file."""
+def check_sample(path: Path, dtype: np.dtype, vocab_size: int, name: str = "path") -> str | None:
+    """Check ids ``< vocab_size`` in the head, the tail and ``SAMPLE_BLOCKS`` evenly spaced blocks of the file.
+    Returns a warning when the layout looks like ``uint32`` ids read as ``uint16`` (every odd ``uint16`` is 0: the
+    high halves of little-endian ids below 65,536), else None."""
     n = token_count(path, dtype, name)
     data = np.memmap(path, dtype=dtype, mode="r")
     starts = np.linspace(0, max(n - SAMPLE_BLOCK_TOKENS, 0), SAMPLE_BLOCKS, dtype=np.int64)
+    odd_zero = even_nonzero = True
     for start in np.unique(starts):
         block = np.asarray(data[start : start + SAMPLE_BLOCK_TOKENS])
         if block.size and int(block.max()) >= vocab_size:
             raise _bad_id_error(name, path, block, int(start), vocab_size, dtype)
+        phase = int(start) % 2  # block[k] is file position start + k: odd positions are block[1 - phase :: 2]
+        odd_zero &= not block[1 - phase :: 2].any()
+        even_nonzero &= bool(block[phase::2].any())
+    if dtype == np.uint16 and n >= 64 and odd_zero and even_nonzero:
+        return (
+            f"{name}: every odd uint16 of {str(path)!r} is 0 in the blocks checked: uint32 ids read as uint16? "
+            "(set token_dtype: uint32 if so)"
+        )
+    return None
 
 
 def count_tokens(
@@ -105,7 +121,38 @@ def _file_key(path: Path) -> dict[str, Any]:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def reference_losses(
+def same_content(a: Path, b: Path, chunk: int = 1 << 24) -> bool:
+    """Whether two files hold the same bytes (sizes first: a full read only for files of equal size)."""
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(chunk), fb.read(chunk)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def _cached_reference(path: Path, key: dict[str, Any], vocab_size: int, train_tokens: int) -> dict[str, Any] | None:
+    """The reference-loss entry at ``path`` if it is sound and for ``key``; a damaged one is named on stderr."""
+    body, why = unseal(path)
+    if body is None and why is None:
+        return None
+    if body is not None:
+        if body.get("key") != key:
+            return None  # a digest collision of the name, or another key: recompute quietly
+        why = reference_problem(body.get("reference"), vocab_size, train_tokens)
+        max_id = body.get("max_id")
+        if why is None and not (isinstance(max_id, int) and 0 <= max_id < vocab_size):
+            why = f"max_id {max_id!r} is not an id below vocab_size {vocab_size}"
+        if why is None:
+            return body
+    print(f"warning: reference-loss cache {str(path)!r}: {why}; recomputing it", file=sys.stderr, flush=True)
+    return None
+
+
+def reference_entry(
     train_path: Path,
     val_path: Path,
     dtype: np.dtype,
@@ -114,20 +161,24 @@ def reference_losses(
     cache_dir: Path | None = None,
     show_progress: bool = False,
     chunk_tokens: int = COUNT_CHUNK_TOKENS,
-) -> dict[str, float]:
-    """Reference losses of a pair of token files, by one streaming pass over both (which also checks every id).
-    Cached in ``cache_dir/reference/`` under a key of both files' path, size and mtime, the dtype and vocab_size."""
-    key = {"train": _file_key(train_path), "val": _file_key(val_path), "dtype": dtype.name, "vocab_size": vocab_size}
+) -> dict[str, Any]:
+    """``{"reference": {...}, "max_id": ...}`` of a pair of token files (``reference_losses``, plus the largest id
+    in either file: what ``vocab_size`` is checked against)."""
+    key = {
+        "format": REFERENCE_FORMAT,
+        "train": _file_key(train_path),
+        "val": _file_key(val_path),
+        "dtype": dtype.name,
+        "vocab_size": vocab_size,
+    }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     cached = None if cache_dir is None else cache_dir / "reference" / f"{digest}.json"
-    if cached is not None and cached.is_file():
-        try:
-            stored = json.loads(cached.read_text())
-            if stored.get("key") == key:
-                return stored["reference"]
-        except (OSError, ValueError, KeyError):
-            pass  # unreadable cache entry: recompute and overwrite it
-    n = token_count(train_path, dtype, "train_path") + token_count(val_path, dtype, "val_path")
+    n_train = token_count(train_path, dtype, "train_path")
+    if cached is not None:
+        hit = _cached_reference(cached, key, vocab_size, n_train)
+        if hit is not None:
+            return {"reference": hit["reference"], "max_id": hit["max_id"]}
+    n = n_train + token_count(val_path, dtype, "val_path")
     bar = None
     if show_progress:
         from lnblocks._optional import require
@@ -139,10 +190,20 @@ def reference_losses(
     finally:
         if bar is not None:
             bar.close()
-    reference = reference_from_counts(train, val)
+    entry = {"reference": reference_from_counts(train, val), "max_id": int(np.flatnonzero(train + val).max())}
     if cached is not None:
-        write_json_atomic(cached, {"key": key, "reference": reference})
-    return reference
+        write_json_atomic(cached, seal({"key": key, **entry}))
+    return entry
+
+
+def reference_losses(
+    train_path: Path, val_path: Path, dtype: np.dtype, vocab_size: int, **options: Any
+) -> dict[str, float]:
+    """Reference losses of a pair of token files, by one streaming pass over both (which also checks every id).
+    Cached in ``cache_dir/reference/`` under a key of both files' path, size and mtime, the dtype and vocab_size; a
+    cached entry is checked (its sha256, ``uniform`` = ln V, ``unigram`` in range) and recomputed if it fails.
+    ``options``: ``reference_entry``'s (``cache_dir``, ``show_progress``, ``chunk_tokens``)."""
+    return reference_entry(train_path, val_path, dtype, vocab_size, **options)["reference"]
 
 
 class TokenFileSource(TokenSource):
@@ -152,7 +213,10 @@ class TokenFileSource(TokenSource):
 
     ``reference``: given (e.g. counted while tokenizing), else computed by a streaming pass and cached (see
     ``reference_losses``). Opening checks sizes, lengths and a sample of ids; the reference pass checks every id.
+    ``lease``: what holds a cache entry in use while the source lives (set by ``open_corpus``).
     """
+
+    lease: Any = None
 
     def __init__(
         self,

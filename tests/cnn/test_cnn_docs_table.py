@@ -1,4 +1,4 @@
-"""The README's CNN layer table cannot drift from ``lnblocks.cnn``: every layer has a row, every row names a layer
+"""The CNN layer table of docs/cnn.md cannot drift from ``lnblocks.cnn``: every layer has a row, every row names a layer
 that exists (ours or torch's)."""
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from torch import nn
 
 import lnblocks.cnn as C
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cnn.md"
 FUNCTIONAL_LAYERS = {"adaptive_instance_norm", "adaptive_grad_clip_"}  # layer-like functions that need a row
 
 
 def _table_names() -> list[str]:
-    section = README.read_text().split("## CNN norms")[1].split("\n## ")[0]
-    table = section.split("| layer | what it normalizes |")[1].split("\n\n")[0]
+    table = PAGE.read_text().split("| layer | what it normalizes |")[1].split("\n\n")[0]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    assert rows, "no rows in the README's CNN table"
+    assert rows, "no rows in the CNN table of docs/cnn.md"
     return [name for row in rows for name in re.findall(r"`([^`]+)`", row.split("|")[1])]
 
 
@@ -32,8 +31,8 @@ def test_every_cnn_layer_has_a_row_and_every_row_exists() -> None:
     names = _table_names()
     layers = {n for n in C.__all__ if isinstance(getattr(C, n), type) and issubclass(getattr(C, n), nn.Module)}
     missing = (layers | FUNCTIONAL_LAYERS) - set(names)
-    assert not missing, f"README CNN table has no row for {sorted(missing)}"
+    assert not missing, f"docs/cnn.md CNN table has no row for {sorted(missing)}"
     for name in names:
         obj = _resolve(name) if "." in name else getattr(C, name, None)
-        assert obj is not None, f"README CNN table names {name!r}, which lnblocks.cnn does not have"
+        assert obj is not None, f"docs/cnn.md CNN table names {name!r}, which lnblocks.cnn does not have"
     assert "torch.nn.LocalResponseNorm" in names and "torch.nn.utils.parametrizations.weight_norm" in names

@@ -1,6 +1,6 @@
-"""The README's small-batch results are the report's output, not typed by hand: the committed per-run results of
+"""The small-batch results of docs/cnn.md are the report's output, not typed by hand: the committed per-run results of
 the shipped config (``docs/results/cnn_digits_results.csv``, the ``results.csv`` of ``lnblocks study run
-configs/cnn_digits.yaml``) rebuild the README's accuracy table, SwitchableNorm table and verdicts exactly."""
+configs/cnn_digits.yaml``) rebuild that page's accuracy table, SwitchableNorm table and verdicts exactly."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results" / "cnn_digits_results.csv"
 
 
-def test_readme_small_batch_section_is_the_reports_output() -> None:
+def test_docs_small_batch_section_is_the_reports_output() -> None:
     with open(RESULTS, newline="") as f:
         rows = list(csv.DictReader(f))
     study = load_study(REPO / "configs" / "cnn_digits.yaml")
     assert sorted(r["run_id"] for r in rows) == sorted(r.run_id for r in study.runs())  # every run of that config
-    section = (REPO / "README.md").read_text().split("**Small-batch study.**")[1].split("\n## ")[0]
+    section = (REPO / "docs" / "cnn.md").read_text().split("\n## Small-batch study\n")[1].split("\n## ")[0]
     assert markdown_table(summarize(rows)) in section
     assert switch_weight_table(rows) in section
     for claim in claims(rows):
-        assert claim_line(claim) in section, f"README lacks the report's line:\n{claim_line(claim)}"
+        assert claim_line(claim) in section, f"docs/cnn.md lacks the report's line:\n{claim_line(claim)}"

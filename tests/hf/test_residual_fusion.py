@@ -1,0 +1,251 @@
+"""``fuse_residual=True``: the add before a norm inside HF decoder layers runs as ``norm(x, residual=r)``.
+
+Reference: the unpatched HF model. With backend "torch" the fused layers are bit-identical in fp32 and bf16 (logits,
+every parameter's grad), the fused call really runs (the lnblocks norm's residual route), and unpatching restores
+the original classes. Layers whose code is not the verified pattern are refused, naming their class.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pickle
+import types
+
+import pytest
+import torch
+from hf_state import snapshot
+from hf_tiny import build, inputs
+from torch import nn
+
+from lnblocks.hf import is_patched, patch_norms, patched_norms, unpatch_norms
+from lnblocks.hf import residual as R
+
+transformers = pytest.importorskip("transformers")
+
+# family -> the norm whose preceding add each layer fuses (the other add meets the next layer's norm outside)
+FUSED = {
+    "llama": "post_attention_layernorm",
+    "mistral": "post_attention_layernorm",
+    "qwen2": "post_attention_layernorm",
+    "qwen3": "post_attention_layernorm",
+    "phi3": "post_attention_layernorm",
+    "gemma": "post_attention_layernorm",
+    "gemma2": "pre_feedforward_layernorm",  # sandwich: x + post_attn(attn(x)), then pre_feedforward
+    "gemma3": "pre_feedforward_layernorm",
+}
+
+
+def _run(model: nn.Module, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad()
+    out = model(**batch)
+    out.loss.backward()
+    return out.logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("family", list(FUSED))
+def test_fused_layers_are_bit_identical_logits_and_grads(family: str, dtype: torch.dtype) -> None:
+    reference = build(family, dtype).train()
+    model = copy.deepcopy(reference)
+    report = patch_norms(model, backend="torch", fuse_residual=True)
+    assert [(e.name, e.norms) for e in report.layers] == [(f"model.layers.{i}", (FUSED[family],)) for i in (0, 1)]
+    batch = inputs(model)
+    logits, grads = _run(model, batch)
+    ref_logits, ref_grads = _run(reference, batch)
+    assert torch.equal(logits, ref_logits)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
+    norm = getattr(model.model.layers[0], FUSED[family])._lnblocks_norm
+    assert (dtype, dtype) in norm._routes[False]  # the norm was called with residual=: the fused path ran
+    layer_cls = type(reference.model.layers[0])
+    assert type(model.model.layers[0]).__name__ == layer_cls.__name__ and isinstance(model.model.layers[0], layer_cls)
+
+    assert unpatch_norms(model) == len(report.patched)
+    assert type(model.model.layers[0]) is layer_cls and not any(is_patched(m) for m in model.modules())
+    assert torch.equal(_run(model, batch)[0], ref_logits)
+
+
+def test_olmo2_has_no_add_before_a_norm_and_is_refused() -> None:
+    model = build("olmo2")
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"Olmo2DecoderLayer \(2 layers, e\.g\. model\.layers\.0\).*self\.mlp"):
+        patch_norms(model, fuse_residual=True)
+    assert snapshot(model) == before
+
+
+def test_gradient_checkpointing_recomputes_the_fused_layers() -> None:
+    reference = build("llama").train()
+    model = copy.deepcopy(reference)
+    patch_norms(model, backend="torch", fuse_residual=True)
+    for m in (model, reference):
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    calls: list[int] = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
+    batch = inputs(model)
+    logits, grads = _run(model, batch)
+    ref_logits, ref_grads = _run(reference, batch)
+    assert len(calls) == 2  # forward, and again in the backward: the checkpoint wrapper wraps the fused forward
+    assert torch.equal(logits, ref_logits) and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+
+
+def test_deepcopy_pickle_and_compile_keep_the_fusion() -> None:
+    reference = build("qwen3").eval()
+    model = copy.deepcopy(reference)
+    patch_norms(model, backend="torch", fuse_residual=True)
+    batch = {"input_ids": inputs(model)["input_ids"]}
+    with torch.no_grad():
+        expected = reference(**batch).logits
+        for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert R.is_fused(clone.model.layers[1]) and torch.equal(clone(**batch).logits, expected)
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        assert torch.equal(compiled(**batch).logits, expected)
+
+
+def test_patched_norms_context_unfuses_on_exit() -> None:
+    model = build("gemma2").eval()
+    layer_cls = type(model.model.layers[0])
+    with patched_norms(model, backend="torch", fuse_residual=True) as report:
+        assert len(report.layers) == 2 and R.is_fused(model.model.layers[0])
+        assert "before pre_feedforward_layernorm" in str(report)
+    assert type(model.model.layers[0]) is layer_cls and not any(is_patched(m) for m in model.modules())
+
+
+def test_accelerate_offloaded_model_fuses_and_unfuses(tmp_path) -> None:
+    """A model dispatched by accelerate (device_map with disk offload): hooks on layers and norms, weights on meta
+    until each forward. Fused and unfused it gives the reference numbers, and the hooks stay."""
+    pytest.importorskip("accelerate")
+    source = build("llama").eval()
+    source.save_pretrained(tmp_path / "model")
+    batch = {"input_ids": inputs(source)["input_ids"]}
+    with torch.no_grad():
+        expected = source(**batch).logits
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu"}
+    device_map |= {"model.layers.1": "disk", "model.norm": "disk", "lm_head": "cpu"}
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "model", device_map=device_map, offload_folder=tmp_path / "offload", attn_implementation="eager"
+    ).eval()
+    layer = model.model.layers[1]
+    assert hasattr(layer, "_hf_hook") and layer.post_attention_layernorm.weight.device.type == "meta"
+    base = type(layer)
+    patch_norms(model, backend="torch", fuse_residual=True)
+    assert layer._old_forward.__func__ is type(layer).forward  # the hook calls the fused forward
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, expected)
+    assert (torch.float32, torch.float32) in layer.post_attention_layernorm._lnblocks_norm._routes[False]
+    unpatch_norms(model)
+    assert type(layer) is base and layer._old_forward.__func__ is base.forward and hasattr(layer, "_hf_hook")
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, expected)
+
+
+class _EditedLayer(nn.Module):
+    """A Llama-shaped layer whose forward is built at run time: its source does not match the code it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.proj = nn.Linear(8, 8)
+
+
+_namespace: dict = {}
+exec(  # the same statements as the verified pattern, but no source file backs them
+    "def forward(self, x):\n    r = x\n    x = r + self.proj(x)\n    r = x\n    x = self.norm(x)\n    return x + r\n",
+    _namespace,
+)
+_EditedLayer.forward = _namespace["forward"]
+
+
+class _Good(nn.Module):
+    """The verified pattern in a layer of no known family: it fuses too (the rewrite needs no family)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = x
+        x = r + self.proj(x)
+        r = x
+        x = self.norm(x)
+        return x + r
+
+
+class _Mismatch(_Good):
+    """Its forward points at _Good's source but runs other code (as when a file is edited after the import)."""
+
+
+class _Wrapped(_Good):
+    """A verified forward under a wrapper that is not transformers' gradient checkpointing."""
+
+
+def _other_code(self, x):
+    return self.norm(x)
+
+
+_Mismatch.forward = types.FunctionType(
+    _other_code.__code__.replace(co_name="forward", co_firstlineno=_Good.forward.__code__.co_firstlineno), globals()
+)
+_Wrapped.forward = functools.wraps(_Good.forward)(lambda self, x: _Good.forward(self, x))
+
+
+class _Stack(nn.Module):
+    def __init__(self, layer_cls: type) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([layer_cls(), layer_cls()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize(
+    ("layer_cls", "reason"),
+    [
+        (_EditedLayer, r"_EditedLayer \(2 layers, e\.g\. layers\.0\): the source of its forward cannot be read"),
+        (_Mismatch, r"_Mismatch \(2 layers.*its source does not match the code it runs"),
+        (_Wrapped, r"_Wrapped \(2 layers.*wrapped by something other than transformers' gradient checkpointing"),
+    ],
+    ids=["no-source", "edited-source", "unknown-wrapper"],
+)
+def test_layers_that_are_not_the_verified_code_are_refused(layer_cls: type, reason: str) -> None:
+    model = _Stack(layer_cls)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=reason):
+        patch_norms(model, fuse_residual=True)
+    assert snapshot(model) == before
+
+
+def test_any_layer_with_the_pattern_fuses_exactly_and_an_excluded_norm_is_named() -> None:
+    reference = _Stack(_Good)
+    model = copy.deepcopy(reference)
+    x = torch.randn(2, 5, 8)
+    report = patch_norms(model, backend="torch", fuse_residual=True)
+    assert [e.norms for e in report.layers] == [("norm",), ("norm",)]
+    assert torch.equal(model(x), reference(x))
+    model = copy.deepcopy(reference)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"_Good .*\(self\.norm\) is no norm patched by this call"):
+        patch_norms(model, exclude="layers.*.norm", fuse_residual=True)
+    assert snapshot(model) == before
+
+
+def test_unpatched_norm_inside_a_fused_layer_falls_back_to_the_original_statements() -> None:
+    reference = build("llama").eval()
+    model = copy.deepcopy(reference)
+    patch_norms(model, backend="torch", fuse_residual=True)
+    unpatch_norms(model.model.layers[0].post_attention_layernorm)  # one norm restored by hand, its layer still fused
+    assert R.is_fused(model.model.layers[0])
+    batch = {"input_ids": inputs(model)["input_ids"]}
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, reference(**batch).logits)
+
+
+def test_traffic_table_counts_one_activation_read_forward_and_two_backward_per_fused_add() -> None:
+    from benchmarks.traffic import Operands, min_bytes, unfused_residual_bytes
+
+    n, m = 4096, 1000
+    op = Operands(n, 2, 2, 2, 0, 2, False, False)  # bf16 RMSNorm with a residual
+    assert unfused_residual_bytes("fwd", m, op) - min_bytes("fwd", m, op) == m * n * 2  # the norm re-reads x + r
+    assert unfused_residual_bytes("bwd", m, op) - min_bytes("bwd", m, op) == 2 * m * n * 2  # the grads' sum
