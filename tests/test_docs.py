@@ -67,15 +67,6 @@ def test_readme_is_short_and_leads_to_every_page() -> None:
     assert not missing, f"README.md does not link {missing}"
 
 
-def test_readme_layout_names_every_study_module() -> None:
-    layout = README.read_text().split("\n## Layout\n")[1].split("\n## ")[0]
-    study = ROOT / "lnblocks" / "study"
-    names = [p.stem for p in study.glob("*.py") if not p.name.startswith("_")]
-    names += [f"{p.name}/" for p in study.iterdir() if (p / "__init__.py").is_file()]
-    missing = sorted(n for n in names if f"`{n}`" not in layout)
-    assert not missing, f"README.md's Layout section does not name the study modules {missing}"
-
-
 def test_norm_table_documents_every_option() -> None:
     text = NORMS.read_text()
     shared = {f.name for f in dataclasses.fields(NormSpec)}
