@@ -2,7 +2,8 @@
 
 A plan is what the launchers, the autograd layer and the ``torch.library`` custom ops pass around instead of a long
 argument list: its fields, in order, are the scalar tail of every op's schema (``schema_args``), so adding an option
-is one field here. The dtypes follow the eager convention (``lnblocks.norms.modules.Norm.forward``):
+is one field here, and every field is resolved when the plan is made (``make_plan``: RMSNorm's ``eps=None`` becomes the
+number it means there, once). The dtypes follow the eager convention (``lnblocks.norms.modules``):
 ``new_residual = add_residual(x, r)`` (fp32 when ``residual_in_fp32``, else type promotion); ``y = norm(new_residual)``
 on the rounded new residual; with ``residual_in_fp32`` the output takes the dtype ``norm(x)`` would have. The dtype
 rules themselves live in ``lnblocks.norms.functional`` (``new_residual_dtype``, ``output_dtype``).
@@ -30,10 +31,10 @@ ROUND_NONE, ROUND_TO_INPUT, ROUND_TO_WEIGHT = 0, 1, 2
 class NormPlan:
     """The non-tensor arguments of one fused call (its tensors: x, residual, weight, bias, seed).
 
-    ``cast``: the RMSNorm cast order (``"fp32"`` for LayerNorm). ``x_dtype``/``residual_dtype``/``weight_dtype``:
-    the operands' dtypes (None: absent), which fix the gradients' dtypes. ``out_dtype``: dtype of ``y``.
-    ``max_block_n``: widest row held in registers (0: the heuristic's choice). ``inplace_backward``: write dx into
-    the incoming gradient of ``y``.
+    ``eps``: the number added to the variance (already resolved). ``cast``: the RMSNorm cast order (``"fp32"`` for
+    LayerNorm). ``x_dtype``/``residual_dtype``/``weight_dtype``: the operands' dtypes (None: absent), which fix the
+    gradients' dtypes. ``out_dtype``: dtype of ``y``. ``max_block_n``: widest row held in registers (0: the
+    heuristic's choice). ``inplace_backward``: write dx into the incoming gradient of ``y``.
     """
 
     is_rms: bool
@@ -101,7 +102,6 @@ def plan_from_op_args(*args) -> NormPlan:
     return NormPlan(*args)
 
 
-@functools.lru_cache(maxsize=1024)
 def make_plan(
     spec: LayerNormSpec | RMSNormSpec,
     x_dtype: torch.dtype,
@@ -112,18 +112,26 @@ def make_plan(
     max_block_n: int = 0,
     inplace_backward: bool = False,
 ) -> NormPlan:
-    """The plan of a call with these operand dtypes; ``out_dtype=None`` picks what the eager module returns."""
+    """The plan of a call with these operand dtypes; ``out_dtype=None`` picks what the eager module returns.
+
+    Cached (a module plans once per operand dtypes), except while torch.compile traces: dynamo traces the body.
+    """
+    build = _build_plan if torch.compiler.is_compiling() else _cached_plan
+    return build(spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward)
+
+
+def _build_plan(spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward):
     is_rms = spec.kind == "rmsnorm"
     cast = spec.cast if is_rms else "fp32"
-    if out_dtype is None:
-        # with residual_in_fp32 the fp32 stream does not change what the branch sees: the dtype norm(x) returns
-        base = x_dtype
-        if residual_dtype is not None and not spec.residual_in_fp32:
-            base = LF.new_residual_dtype(x_dtype, residual_dtype, False)
-        out_dtype = LF.output_dtype(spec.kind, cast, base, weight_dtype)
-    plan = NormPlan(
+    norm_dtype = x_dtype  # what the norm sees: x, or the new residual
+    if residual_dtype is not None:
+        norm_dtype = LF.new_residual_dtype(x_dtype, residual_dtype, spec.residual_in_fp32)
+    # with residual_in_fp32 the fp32 stream does not change what the branch sees: y takes the dtype norm(x) has
+    branch_dtype = x_dtype if spec.residual_in_fp32 else norm_dtype
+    return NormPlan(
         is_rms=is_rms,
-        eps=0.0,
+        # RMSNorm's eps=None: machine epsilon of the dtype the norm computes in (the one rule, in the reference math)
+        eps=float(LF.resolve_rms_eps(spec.eps, norm_dtype) if is_rms else spec.eps),
         zero_centered=spec.zero_centered,
         cast=cast,
         residual_in_fp32=spec.residual_in_fp32,
@@ -131,9 +139,10 @@ def make_plan(
         x_dtype=x_dtype,
         residual_dtype=residual_dtype,
         weight_dtype=weight_dtype,
-        out_dtype=out_dtype,
+        out_dtype=LF.output_dtype(spec.kind, cast, branch_dtype, weight_dtype) if out_dtype is None else out_dtype,
         max_block_n=int(max_block_n),
         inplace_backward=inplace_backward,
     )
-    # eps=None: machine epsilon of the compute dtype (fp32's for half inputs), as eager and F.rms_norm use
-    return dataclasses.replace(plan, eps=float(LF.resolve_rms_eps(spec.eps, plan.norm_dtype)))
+
+
+_cached_plan = functools.lru_cache(maxsize=1024)(_build_plan)
