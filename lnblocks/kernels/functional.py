@@ -93,12 +93,13 @@ def _run_sharded(plan, x, residual, weight, bias, n, seed):
 
     A norm is row-wise: with ``x`` sharded on leading (batch/sequence) dims and the parameters replicated, every rank
     normalises its own rows, nothing is communicated in the forward, and the outputs keep ``x``'s placements. The
-    local weight/bias gradients are partial sums over the local rows: they come back as ``Partial`` DTensors, which
-    DTensor all-reduces when they are used (as for ``torch.nn.LayerNorm`` under ``SequenceParallel``). A residual in
+    local weight/bias gradients are partial sums over the local rows: they come back ``Partial`` on the mesh dims that
+    shard x (``Replicate`` on the others), and DTensor all-reduces them when they are used, as for
+    ``torch.nn.LayerNorm`` under ``SequenceParallel``. A residual in
     other placements is first redistributed to ``x``'s (from ``Replicate`` that is a local slice). What the kernels
     cannot do locally is refused (``sharding_unavailable_reason``), never gathered.
     """
-    from torch.distributed.tensor import DTensor, Partial
+    from torch.distributed.tensor import DTensor, Partial, Replicate
 
     reason = sharding_unavailable_reason(x, residual, (("weight", weight), ("bias", bias)), n)
     if reason is None and plan.dropout_p > 0:
@@ -108,13 +109,14 @@ def _run_sharded(plan, x, residual, weight, bias, n, seed):
     mesh, placements = x.device_mesh, x.placements
     if residual is not None and residual.placements != placements:
         residual = residual.redistribute(mesh, placements)
-    partial = (Partial(),) * mesh.ndim
+    # a parameter's local gradient sums this rank's rows: a partial sum over every mesh dim that shards the rows
+    grad = tuple(Partial() if p.is_shard() else Replicate() for p in placements)
     out = _run_local(
         plan,
         x.to_local(),
         None if residual is None else residual.to_local(),
-        None if weight is None else weight.to_local(grad_placements=partial),
-        None if bias is None else bias.to_local(grad_placements=partial),
+        None if weight is None else weight.to_local(grad_placements=grad),
+        None if bias is None else bias.to_local(grad_placements=grad),
         n,
         seed,
     )
