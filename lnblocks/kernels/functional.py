@@ -1,9 +1,9 @@
 """Entry points of the fused kernels: ``fused_add_norm`` (validated public API), ``run_fused`` (the hot path, for
 operands a caller already validated) and ``dropout_mask``.
 
-A module's call is three hops to the kernel: ``run_fused`` -> ``FusedNorm`` (or the ``lnblocks::norm_fwd`` custom op
-while compiling) -> ``launch_forward`` -> the Triton kernel. DTensor operands (tensor/sequence parallelism) run the
-same kernels on each rank's local rows (``_run_sharded``).
+A module's cached call reaches the kernel in four hops: ``lnblocks.norms.routing.dispatch`` -> ``run_fused`` ->
+``FusedNorm`` (or the ``lnblocks::norm_fwd`` custom op while compiling) -> ``launch_forward`` -> the Triton kernel.
+DTensor operands (tensor/sequence parallelism) run the same kernels on each rank's local rows (``_run_sharded``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lnblocks.kernels import KERNEL_DTYPES, device_unavailable_reason, is_dtensor, sharding_unavailable_reason
 from lnblocks.kernels.launch import launch_keep_mask
 from lnblocks.kernels.ops import FusedNorm, norm_fwd
-from lnblocks.kernels.plan import NormPlan, make_plan
+from lnblocks.kernels.plan import (
+    KERNEL_DTYPES,
+    NormPlan,
+    device_unavailable_reason,
+    is_dtensor,
+    make_plan,
+    sharding_unavailable_reason,
+)
 from lnblocks.norms.spec import NORM_PRESETS, LayerNormSpec, NormSpec, RMSNormSpec, norm_spec
 
 _DTYPE_NAMES = "float16, bfloat16 or float32"

@@ -18,9 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lnblocks.kernels import interpreter_enabled
 from lnblocks.kernels.jit import keep_mask_kernel, norm_bwd_kernel, norm_fwd_kernel
-from lnblocks.kernels.plan import NormPlan
+from lnblocks.kernels.plan import NormPlan, interpreter_enabled
 
 # ---- launch shapes -------------------------------------------------------------------------------------------------
 # Tile sizes, chosen with benchmarks/kernel_resources.py (every configuration compiled for sm_80 and sm_90; the table

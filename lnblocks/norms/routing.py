@@ -107,7 +107,7 @@ def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | 
         if valid:
             cache.last_backend = route.backend
             if route.plan is None:
-                return route.fn(x, *route.args) if residual is None else _add_and_normalize(norm, x, residual, route)
+                return route.fn(x, *route.args) if residual is None else _add_and_normalize(x, residual, route)
             try:
                 return _kernels().run_fused(route.plan, x, residual, route.weight, route.bias, route.n)
             except _kernels().StaleOperandError:
@@ -117,10 +117,10 @@ def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | 
         cache.last_backend = route.backend
     if route.plan is not None:
         return _kernels().run_fused(route.plan, x, residual, route.weight, route.bias, route.n)
-    return route.fn(x, *route.args) if residual is None else _add_and_normalize(norm, x, residual, route)
+    return route.fn(x, *route.args) if residual is None else _add_and_normalize(x, residual, route)
 
 
-def _add_and_normalize(norm: Norm, x: Tensor, residual: Tensor, route: Route) -> tuple[Tensor, Tensor]:
+def _add_and_normalize(x: Tensor, residual: Tensor, route: Route) -> tuple[Tensor, Tensor]:
     """The torch backend's ``(norm(x + r), x + r)``, with ``x + r`` in fp32 when ``residual_in_fp32``."""
     new_residual = LF._add_residual(x, residual, route.spec.residual_in_fp32)
     y = route.fn(new_residual, *route.args)
