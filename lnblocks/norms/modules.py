@@ -45,7 +45,6 @@ class Norm(nn.Module):
     per kind of call, and again whenever a parameter or the spec is replaced (``lnblocks.norms.routing``).
     """
 
-    spec: NormSpec
     _vectors: tuple[str, ...] = ()  # tensors of shape normalized_shape the math reads (weight, bias), None if absent
     _scalars: tuple[str, ...] = ()  # one-element tensors the math reads (DyT's alpha, ScaleNorm's scale)
     _fused_kernel: bool = False  # lnblocks.kernels runs this kind
@@ -53,13 +52,13 @@ class Norm(nn.Module):
 
     def __init__(self, normalized_shape: int | Sequence[int] | None, spec: NormSpec) -> None:
         super().__init__()
+        self._routes = routing.RouteCache()
         self.spec = spec
         self.normalized_shape = None if normalized_shape is None else LF.as_normalized_shape(normalized_shape)
         shape = self.normalized_shape or ()
         # A cached route needs the one trailing dim it checks per call; multi-dim or absent shapes are never cached.
         self._last_dim = shape[0] if len(shape) == 1 else None
         self._row_numel = math.prod(shape) if shape else 0
-        self._routes = routing.RouteCache()
 
     @classmethod
     def from_spec(cls, spec: NormSpec, normalized_shape: int | Sequence[int] | None, **factory: Any) -> Norm:
@@ -74,6 +73,17 @@ class Norm(nn.Module):
         # Registered as None when disabled, as torch.nn.LayerNorm does, so state_dict keys match torch's.
         param = nn.Parameter(torch.empty(self.normalized_shape, **factory)) if enabled else None
         self.register_parameter(name, param)
+
+    @property
+    def spec(self) -> NormSpec:
+        """What the norm computes (a frozen spec); assigning another one (``lnblocks.hf`` does, when a patched
+        module's eps changes) clears the cached routes, so the next call is checked and planned for it."""
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: NormSpec) -> None:
+        self._spec = spec
+        self._routes.clear()
 
     @property
     def backend(self) -> str:

@@ -7,9 +7,9 @@ resulting ``Route`` is cached in the module (``RouteCache``), and later calls re
 vouch for, at a cost of well under a microsecond (benchmarks/bench_norm_overhead.py):
 
 - x's last dim and the residual's shape;
-- that the spec object and every tensor the math reads are the objects the route was checked with (a replaced
-  parameter, ``load_state_dict(assign=True)``, FSDP2 swapping sharded and unsharded parameters, a new
-  parametrization or a new ``norm.spec`` all make a new object, so the call takes the full checks again);
+- that every tensor the math reads is the object the route was checked with (a replaced parameter,
+  ``load_state_dict(assign=True)``, FSDP2 swapping sharded and unsharded parameters or a new parametrization all make
+  a new object, so the call takes the full checks again; assigning ``norm.spec`` clears the routes);
 - on the fused path, each parameter's shape, dtype and device (``run_fused``: ``.to()`` and ``weight.data = ...``
   change a tensor in place, and a kernel reading a tensor of the wrong size would read out of bounds); a mismatch
   re-plans once.
@@ -79,6 +79,10 @@ class RouteCache:
         self.table: tuple[dict, dict] = ({}, {})
         self.last_backend: str | None = None
 
+    def clear(self) -> None:
+        for routes in self.table:
+            routes.clear()
+
     def __deepcopy__(self, memo: dict) -> RouteCache:
         return RouteCache()
 
@@ -95,7 +99,6 @@ def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | 
         try:
             valid = (
                 route is not None
-                and route.spec is norm.spec
                 and x.shape[-1] == route.last_dim
                 and params.get("weight") is route.weight
                 and params.get("bias") is route.bias
