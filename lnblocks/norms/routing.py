@@ -69,19 +69,20 @@ class Route:
 
 
 class RouteCache:
-    """A module's routes, ``table[x.is_cuda][x.dtype or (x.dtype, residual.dtype)]``, and the latest backend.
+    """A module's routes, keyed by x's dtype (or ``(x.dtype, residual.dtype)``) per device kind (``cpu``: not CUDA,
+    ``cuda``), and the backend of the latest eager call. Copies and pickles of a module start empty (the routes hold
+    the original's tensors)."""
 
-    Copies and pickles of a module start empty (the routes hold the original's tensors)."""
-
-    __slots__ = ("last_backend", "table")
+    __slots__ = ("cpu", "cuda", "last_backend")
 
     def __init__(self) -> None:
-        self.table: tuple[dict, dict] = ({}, {})
+        self.cpu: dict = {}
+        self.cuda: dict = {}
         self.last_backend: str | None = None
 
     def clear(self) -> None:
-        for routes in self.table:
-            routes.clear()
+        self.cpu.clear()
+        self.cuda.clear()
 
     def __deepcopy__(self, memo: dict) -> RouteCache:
         return RouteCache()
@@ -94,7 +95,7 @@ def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | 
     """``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the cached route, else the full checks."""
     cache = norm._routes
     if type(x) is Tensor and not is_dynamo_compiling():  # (a plain `return False` in eager: the cheapest test)
-        route = cache.table[x.is_cuda].get(x.dtype if residual is None else (x.dtype, residual.dtype))
+        route = (cache.cuda if x.is_cuda else cache.cpu).get(x.dtype if residual is None else (x.dtype, residual.dtype))
         params = norm._parameters
         try:
             valid = (
@@ -201,7 +202,8 @@ def plan_route(norm: Norm, x: Tensor, residual: Tensor | None) -> Route:
         if norm._row_blocks_on_cpu and norm._row_numel and not x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
             route.fn, route.args = norm._rows, (route.fn, route.args)
     if cacheable:
-        norm._routes.table[x.is_cuda][x.dtype if residual is None else (x.dtype, residual.dtype)] = route
+        routes = norm._routes.cuda if x.is_cuda else norm._routes.cpu
+        routes[x.dtype if residual is None else (x.dtype, residual.dtype)] = route
     return route
 
 
