@@ -61,6 +61,7 @@ class Route:
         "plan",
         "spec",
         "weight",
+        "weight_only",
     )
 
     def __init__(self, **fields: Any) -> None:
@@ -94,19 +95,23 @@ class RouteCache:
 def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the cached route, else the full checks."""
     cache = norm._routes
-    if type(x) is Tensor and not is_dynamo_compiling():  # (a plain `return False` in eager: the cheapest test)
-        route = (cache.cuda if x.is_cuda else cache.cpu).get(x.dtype if residual is None else (x.dtype, residual.dtype))
+    if not is_dynamo_compiling():  # (a plain `return False` in eager: the cheapest test)
         params = norm._parameters
         try:
+            route = (cache.cuda if x.is_cuda else cache.cpu).get(
+                x.dtype if residual is None else (x.dtype, residual.dtype)
+            )
             valid = (
                 route is not None
                 and x.shape[-1] == route.last_dim
                 and params.get("weight") is route.weight
-                and params.get("bias") is route.bias
-                and (not route.others or _same_others(norm, route.others))
+                and (
+                    route.weight_only
+                    or (params.get("bias") is route.bias and (not route.others or _same_others(norm, route.others)))
+                )
                 and (residual is None or residual.shape == x.shape)
             )
-        except IndexError:  # a 0-d x: the full checks name the problem
+        except (AttributeError, IndexError):  # not a tensor, or a 0-d one: the full checks name the problem
             valid = False
         if valid:
             cache.last_backend = route.backend
@@ -185,6 +190,7 @@ def plan_route(norm: Norm, x: Tensor, residual: Tensor | None) -> Route:
     backend = backend_for(norm, x, residual)
     route = Route(backend=backend, spec=spec, last_dim=norm._last_dim, weight=weight, bias=bias, n=norm._row_numel)
     route.others = tuple(others)
+    route.weight_only = not others and "bias" not in vectors  # the per-call check then reads one parameter
     norm_dtype = x.dtype
     if residual is not None:
         norm_dtype = LF.new_residual_dtype(x.dtype, residual.dtype, spec.residual_in_fp32)

@@ -172,6 +172,8 @@ def _other_case(name: str, mesh) -> None:
         for backend in ("torch", "triton"):
             norm = _build("layernorm", backend)  # not distributed: its parameters are plain tensors
             _raises(lambda n=norm: n(xd), r"^weight is a plain tensor while x is a DTensor: distribute it")
+            norm(x)  # a cached route for plain tensors must not take the DTensor either
+            _raises(lambda n=norm: n(xd), r"DTensor", RuntimeError)  # torch's message on that backend
     elif name == "fsdp2_call_and_direct_forward":
         _fsdp2_case(mesh, x, gy)
     elif name == "fsdp2_patched_norm":
@@ -225,12 +227,12 @@ def _fsdp2_patched_case(mesh, x, gy) -> None:
     torch.testing.assert_close(grad, ref.weight.grad, atol=ATOL_PARAMS, rtol=ATOL_PARAMS)
 
 
-def _raises(fn, pattern: str) -> None:
+def _raises(fn, pattern: str, other: type[Exception] = ValueError) -> None:
     import re
 
     try:
         fn()
-    except ValueError as err:
+    except (ValueError, other) as err:
         assert re.search(pattern, str(err)), f"wrong message: {err}"
         return
     raise AssertionError(f"no ValueError matching {pattern!r}")
