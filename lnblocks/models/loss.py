@@ -10,18 +10,22 @@ computed chunk by chunk in the forward, scaled by the upstream gradient in the b
 - the loss and the z-loss are two outputs with their own upstream gradients (the study back-propagates
   ``loss + z_loss`` and logs ``loss``; gradient accumulation and ``GradScaler`` scale them), which a
   gradient-in-forward scheme must fold into one output decided before the backward;
-- a forward with no backward (evaluation, the diagnostics probe) costs one pass and saves ``N`` floats, instead of
-  the full gradient work and an ``(V, C)`` gradient buffer held until a backward that never comes;
+- between the forward and the backward it holds ``N`` floats, where gradient-in-forward holds the gradients to the
+  hidden states and an ``(V, C)`` fp32 gradient to the weight; a forward whose backward never runs (evaluation with
+  grad enabled) does no gradient work;
 - the backward replays, chunk by chunk, the very ops autograd runs for ``F.cross_entropy(logits.float())`` and the
   study's ``z_loss * logsumexp(logits.float()).pow(2).mean()``, so results can be bit-identical (below).
 
 The price is one more GEMM (four instead of three) and one more log-softmax per chunk.
 
-Exactness against ``F.cross_entropy(F.linear(hidden, weight).float())`` (checked in ``tests/models/test_lm_loss.py``):
-the loss, the max logit, the per-row log Z (and so its mean) and the z-loss value are bit-identical whenever the
-BLAS computes each row of a GEMM independently of how many rows it is given (MKL on x86 does for chunks that are a
-multiple of 4 rows; the default chunks are multiples of 8); the gradient to the hidden states likewise; the gradient
-to the weight sums over rows, so with several chunks it differs by float summation order (one chunk: bit-identical).
+Logits of at most ``SINGLE_CHUNK_ELEMENTS`` (16 MiB in fp32: the demo's byte vocabulary) take the plain autograd
+path, which is today's computation op for op. Otherwise, against ``F.cross_entropy(F.linear(hidden, weight)
+.float())`` (checked in ``tests/models/test_lm_loss.py``): the loss, the z-loss, the max logit and the per-row
+log Z (so its mean) are bit-identical whenever the BLAS computes each row of a GEMM independently of how many rows
+it is given (MKL on x86 does for chunks of a multiple of 4 rows; the default chunks are multiples of 8), and so is
+the gradient to the hidden states; the gradient to the weight sums over rows, so it differs by float summation
+order (summed in fp32 across chunks: under autocast it is more accurate than the bf16 GEMM over all rows).
+No double backward (the backward is an opaque op).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
+
+from lnblocks.config import check_bool, check_float, check_int
 
 SINGLE_CHUNK_ELEMENTS = 1 << 22  # logits up to 16 MiB in fp32 are computed in one chunk (exact, fastest)
 CHUNKS = 64  # otherwise about this many chunks: each chunk's few (rows, V) buffers stay under 1/8 of the logits
@@ -97,7 +103,7 @@ def _forward_impl(
         # nll_loss over the picked values runs the same cascade sum over rows as over the full logits
         loss, total = torch.ops.aten.nll_loss_forward(picked.unsqueeze(1).expand(N, 2), t2, None, 1, ignore_index)
     else:
-        loss, total = torch.full((), float("nan"), device=device), torch.zeros((), device=device)
+        loss, total = torch.zeros((), device=device), torch.zeros((), device=device)  # no targets: unused
     z = z_coef * lse.pow(2).mean() if z_coef else torch.zeros((), device=device)
     return loss, z, max_logit, lse, total
 
@@ -286,15 +292,16 @@ def lm_head_loss(
     they are all there is to compute; they cost a max and a logsumexp per chunk). ``chunk_rows``: rows per chunk
     (default ``default_chunk_rows``).
     """
-    if not isinstance(hidden, Tensor) or hidden.dim() < 1:
-        raise TypeError(f"hidden must be a tensor of shape (..., C), got {type(hidden).__name__}")
+    if not isinstance(hidden, Tensor):
+        raise TypeError(f"hidden must be a torch.Tensor of shape (..., C), got {type(hidden).__name__}")
+    if hidden.dim() < 1:
+        raise ValueError(f"hidden must have shape (..., C), got {tuple(hidden.shape)}")
     if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
         raise ValueError(f"weight must have shape (V, C) with C = hidden.shape[-1] = {hidden.shape[-1]}, got {got}")
-    from lnblocks.config import check_bool, check_float, check_int
-
-    z_loss = check_float("z_loss", z_loss, lo=0)
-    ignore_index = check_int("ignore_index", ignore_index, minimum=None)
+    if not torch.compiler.is_compiling():  # traced, a changed float arrives as a symbol: checked on the eager call
+        z_loss = check_float("z_loss", z_loss, lo=0)
+        ignore_index = check_int("ignore_index", ignore_index, minimum=None)
     lead, (V, C) = tuple(hidden.shape[:-1]), weight.shape
     if targets is not None:
         targets = check_targets(targets, lead, V, ignore_index).reshape(-1)
@@ -303,10 +310,10 @@ def lm_head_loss(
     rows = default_chunk_rows(N, V) if chunk_rows is None else check_int("chunk_rows", chunk_rows)
     stats = targets is None if stats is None else check_bool("stats", stats)
     _check_plain(weight)
+    dtype = _compute_dtype(hidden, weight)
     if rows >= N:  # small logits: the plain autograd path, which is today's computation itself
         loss, z, max_logit, lse = _one_chunk(hidden, weight, targets, ignore_index, z_loss, stats)
     else:
-        dtype = _compute_dtype(hidden, weight)
         loss, z, max_logit, lse, _ = _fwd_op(h2, weight, targets, ignore_index, z_loss, rows, dtype, stats)
     out = LMHeadStats(z if z_loss else None, max_logit if stats else None, lse.view(lead) if stats else None)
     return (loss if targets is not None else None), out

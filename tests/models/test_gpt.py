@@ -157,7 +157,7 @@ def test_num_params_and_tied_head() -> None:
         (lambda m: m(torch.zeros(1, 4)), TypeError, "integer token ids"),
         (lambda m: m(torch.zeros(4, dtype=torch.long)), ValueError, r"shape \(B, T\)"),
         (lambda m: m([1, 2]), TypeError, "must be a torch.Tensor"),
-        (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), ValueError, "targets must"),
+        (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), ValueError, "targets"),
         (lambda m: m.generate(torch.zeros(1, 10, dtype=torch.long), 7), ValueError, "longer than the position table"),
         (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, temperature=-1), ValueError, "temperature"),
         (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=0), ValueError, "top_k"),
