@@ -180,6 +180,12 @@ class GPT(nn.Module):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self._check_idx(idx, max_new_tokens)
+        bidirectional = [i for i, b in enumerate(self.config.layers) if not b.attention.causal]
+        if bidirectional:
+            raise ValueError(
+                f"generate needs causal attention: layers {bidirectional} have attention.causal=False (a token "
+                "would see the ones after it, and the KV cache would give other tokens than a full recompute)"
+            )
         if idx.shape[1] == 0:
             raise ValueError(
                 f"idx must hold at least one token per row to continue (shape (B, T) with T >= 1), got "
