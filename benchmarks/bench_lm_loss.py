@@ -9,7 +9,8 @@ round (medians):
 
 Each is timed in a fresh process per allocator setting (glibc reads ``MALLOC_*`` at start-up): the default, glibc's
 mmap and trim thresholds raised to 1 GiB (no ``mmap``/``munmap`` per step for buffers under 1 GiB, no heap trim),
-and PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` (2 MiB-aligned, huge-page-advised allocations). Reported: median ms, the
+PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` (2 MiB-aligned, huge-page-advised allocations), and the glibc thresholds set
+by the process itself with ``mallopt`` (``set_malloc_thresholds``). Reported: median ms, the
 ratio full / chunked, the system-time share ``stime / (utime + stime)`` and minor page faults per call (both from
 ``resource.getrusage``). Peak memory is measured once, in this process, from the profiler's allocator events
 (``profile_memory=True``: every allocation and free of torch's CPU allocator, in order; the peak of the running sum
@@ -44,7 +45,21 @@ ENVS: dict[str, dict[str, str]] = {
     "default": {},
     "glibc-1GiB": {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)},
     "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
+    "mallopt-1GiB": {"BENCH_MALLOPT": str(1 << 30)},  # the same thresholds set at run time by the process itself
 }
+
+
+def set_malloc_thresholds(nbytes: int) -> bool:
+    """glibc's ``mallopt(M_MMAP_THRESHOLD)`` and ``mallopt(M_TRIM_THRESHOLD)``: what a running worker can call
+    instead of the ``MALLOC_*_`` variables, which glibc reads only at start-up. False where it is not glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, nbytes)) and bool(libc.mallopt(m_trim_threshold, nbytes))
 
 
 def loss_call(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, chunked: bool, z: float) -> Callable[[], None]:
@@ -92,6 +107,8 @@ def contenders(args: argparse.Namespace, vocab: int) -> dict[str, Callable[[], N
 def child(args: argparse.Namespace) -> None:
     """Time every contender at every vocabulary size; one JSON line per (V, contender) on stdout."""
     torch.set_num_threads(args.threads)
+    if os.environ.get("BENCH_MALLOPT") and not set_malloc_thresholds(int(os.environ["BENCH_MALLOPT"])):
+        raise SystemExit("mallopt failed (not glibc?)")
     for vocab in args.vocab:
         calls = contenders(args, vocab)
         inner = 20 if vocab <= 1024 else 1  # small V: several calls per sample

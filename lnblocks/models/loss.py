@@ -41,6 +41,8 @@ from lnblocks.config import check_bool, check_float, check_int
 
 SINGLE_CHUNK_ELEMENTS = 1 << 22  # logits up to 16 MiB in fp32 are computed in one chunk (exact, fastest)
 CHUNKS = 64  # otherwise about this many chunks: each chunk's few (rows, V) buffers stay under 1/8 of the logits
+MIN_CHUNK_ELEMENTS = 1 << 18  # but 1 MiB of fp32 logits per chunk at least: fewer, larger GEMMs
+MAX_CHUNK_FRACTION = 16  # and at most 1/16 of the rows (with tiny batches at huge vocabularies)
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -60,11 +62,13 @@ class LMHeadStats(NamedTuple):
 
 
 def default_chunk_rows(n_rows: int, vocab: int) -> int:
-    """Rows per chunk: all of them while the logits fit in ``SINGLE_CHUNK_ELEMENTS``; otherwise about
-    ``n_rows / CHUNKS``, a multiple of 8 (whole SIMD/GEMM tiles, which keeps rows bit-identical), at least 8."""
+    """Rows per chunk: all of them while the logits fit in ``SINGLE_CHUNK_ELEMENTS``; otherwise ``n_rows /
+    CHUNKS`` or ``MIN_CHUNK_ELEMENTS / vocab`` rows, whichever is more, rounded up to a multiple of 8 (whole
+    SIMD/GEMM tiles, which keeps rows bit-identical), and at most ``n_rows / MAX_CHUNK_FRACTION``."""
     if n_rows * vocab <= SINGLE_CHUNK_ELEMENTS:
         return max(n_rows, 1)
-    return max(8, n_rows // CHUNKS // 8 * 8)
+    rows = max(n_rows // CHUNKS, -(-MIN_CHUNK_ELEMENTS // vocab))
+    return max(1, min(-(-rows // 8) * 8, n_rows // MAX_CHUNK_FRACTION))
 
 
 # ---- the chunked forward and backward (plain torch ops; run as opaque custom ops) ---------------------------------
@@ -196,14 +200,30 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.args = (ignore_index, z_coef, rows, dtype)
 
 
-def _backward(ctx: Any, g_loss: Tensor | None, g_z: Tensor | None, *_: Any) -> tuple[Tensor | None, ...]:
+def _backward(ctx: Any, g_loss: Tensor | None, g_z: Tensor | None, *_: Any, through_op: bool = True) -> tuple:
     hidden, weight, targets, lse, total = ctx.saved_tensors
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    grad_h, grad_w = _bwd_op(g_loss, g_z, hidden, weight, targets, lse, total, *ctx.args, need_h, need_w)
+    bwd = _bwd_op if through_op else _backward_impl
+    grad_h, grad_w = bwd(g_loss, g_z, hidden, weight, targets, lse, total, *ctx.args, need_h, need_w)
     return (grad_h if need_h else None), (grad_w if need_w else None), None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """The eager route to the same forward, context and backward: no op dispatcher (whose first call imports
+    torch._dynamo, seconds) and no per-call dispatch overhead; ``torch.compile`` traces the custom ops instead."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
+        output = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
+        return _backward(ctx, *grads, through_op=False)
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -314,6 +334,7 @@ def lm_head_loss(
     if rows >= N:  # small logits: the plain autograd path, which is today's computation itself
         loss, z, max_logit, lse = _one_chunk(hidden, weight, targets, ignore_index, z_loss, stats)
     else:
-        loss, z, max_logit, lse, _ = _fwd_op(h2, weight, targets, ignore_index, z_loss, rows, dtype, stats)
+        fn = _fwd_op if torch.compiler.is_compiling() else _ChunkedLinearCrossEntropy.apply
+        loss, z, max_logit, lse, _ = fn(h2, weight, targets, ignore_index, z_loss, rows, dtype, stats)
     out = LMHeadStats(z if z_loss else None, max_logit if stats else None, lse.view(lead) if stats else None)
     return (loss if targets is not None else None), out

@@ -20,7 +20,7 @@ import lnblocks.models.loss as L
 from lnblocks import GPT, BlockConfig, GPTConfig
 from lnblocks.models.loss import lm_head_loss
 
-B, T, C, V = 4, 20, 16, 300
+B, T, C, V = 4, 32, 16, 300
 REL = 1e-6
 
 
@@ -125,8 +125,9 @@ def _gpt(tie: bool, vocab: int = V) -> GPT:
 
 @pytest.fixture
 def many_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunk even the small logits of these tests (8 rows per chunk)."""
+    """Chunk even the small logits of these tests (8 rows per chunk: 1/16 of B * T)."""
     monkeypatch.setattr(L, "SINGLE_CHUNK_ELEMENTS", 0)
+    monkeypatch.setattr(L, "MIN_CHUNK_ELEMENTS", 0)
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -242,12 +243,21 @@ def test_extra_memory_under_an_eighth_of_the_logits() -> None:
 
 
 @pytest.mark.parametrize(
+    ("n", "vocab", "rows"),
+    [(1024, 256, 1024), (1024, 30522, 16), (1024, 50257, 16), (256, 30522, 16), (512, 8200, 32), (64, 256000, 4)],
+)
+def test_default_chunks(n: int, vocab: int, rows: int) -> None:
+    """One chunk up to 16 MiB of logits; else n/64 rows or 1 MiB per chunk, a multiple of 8, at most n/16 rows."""
+    assert L.default_chunk_rows(n, vocab) == rows
+
+
+@pytest.mark.parametrize(
     ("call", "error", "match"),
     [
         (lambda h, w, t: lm_head_loss(h, w[:, :3], t), ValueError, r"weight must have shape \(V, C\) with C = .* 16"),
         (lambda h, w, t: lm_head_loss(h, w.double(), t), TypeError, "must have the same dtype"),
         (lambda h, w, t: lm_head_loss(h, w, t.float()), TypeError, "targets must hold integer class ids"),
-        (lambda h, w, t: lm_head_loss(h, w, t[:, :3]), ValueError, r"targets must have shape \(4, 20\)"),
+        (lambda h, w, t: lm_head_loss(h, w, t[:, :3]), ValueError, r"targets must have shape \(4, 32\)"),
         (lambda h, w, t: lm_head_loss(h, w, t + V), ValueError, r"class ids must be in \[0, vocab_size=300\)"),
         (lambda h, w, t: lm_head_loss(h, w, t, z_loss=-1.0), ValueError, "z_loss must be"),
         (lambda h, w, t: lm_head_loss(h, w, t, chunk_rows=0), ValueError, "chunk_rows must be"),
