@@ -5,18 +5,15 @@ max|reference|: the all-reduce averages in another order)."""
 
 from __future__ import annotations
 
-import datetime
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import lnblocks.models.loss as L
 from lnblocks import GPT, BlockConfig, GPTConfig
+from tests.gloo_helpers import run_gloo
 
 WORLD, B, T, V, COEF = 2, 4, 16, 97, 1e-2
 
@@ -45,28 +42,15 @@ def _check(rank: int, tie: bool) -> None:
         assert err <= 1e-5 * p_ref.grad.abs().max().item(), f"{n}: {err:.3g}"
 
 
-def _worker(rank: int, port: int) -> None:
-    torch.set_num_threads(1)
+def _worker(rank: int) -> None:
     L.SINGLE_CHUNK_ELEMENTS = 0  # chunk these small logits (2 rows per chunk: 1/16 of a rank's 32)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=datetime.timedelta(60)
-    )
-    try:
-        for tie in (False, True):
-            try:
-                _check(rank, tie)
-            except AssertionError as err:
-                raise AssertionError(f"tie_weights={tie}, rank {rank}: {err}") from err
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for tie in (False, True):
+        try:
+            _check(rank, tie)
+        except AssertionError as err:
+            raise AssertionError(f"tie_weights={tie}, rank {rank}: {err}") from err
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
 def test_two_gloo_processes_equal_the_full_loss_on_the_whole_batch() -> None:
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    run_gloo(_worker, WORLD)
