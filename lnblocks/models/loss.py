@@ -1,31 +1,28 @@
 """The LM head and its cross-entropy in chunks of rows: the loss of ``logits = hidden @ weight.T`` without ever
 holding the ``(N, V)`` logits.
 
-The scheme is Cut Cross-Entropy's (Wijmans et al. 2024, arXiv 2411.09009), over blocks of rows: the forward computes
-one chunk of logits at a time and keeps only per-row scalars (the target's log-probability, log Z) and the running
-max; the backward recomputes each chunk's logits and turns them into that chunk's gradient to the hidden states and
-its share of the gradient to the weight. It was chosen over Liger-Kernel's fused linear cross-entropy (gradients
-computed chunk by chunk in the forward, scaled by the upstream gradient in the backward) because:
+The forward computes one chunk of logits at a time and keeps per-row scalars (the target's log-probability, log Z)
+and the running max. The gradients come one of two ways:
 
-- the loss and the z-loss are two outputs with their own upstream gradients (the study back-propagates
-  ``loss + z_loss`` and logs ``loss``; gradient accumulation and ``GradScaler`` scale them), which a
-  gradient-in-forward scheme must fold into one output decided before the backward;
-- between the forward and the backward it holds ``N`` floats, where gradient-in-forward holds the gradients to the
-  hidden states and an ``(V, C)`` fp32 gradient to the weight; a forward whose backward never runs (evaluation with
-  grad enabled) does no gradient work;
-- the backward replays, chunk by chunk, the very ops autograd runs for ``F.cross_entropy(logits.float())`` and the
-  study's ``z_loss * logsumexp(logits.float()).pow(2).mean()``, so results can be bit-identical (below).
+- no z-loss (the default), and a backward to come: Liger-Kernel's fused linear cross-entropy scheme. Each chunk's
+  gradient to the hidden states and its share of the weight's are computed in the forward, for an upstream
+  gradient of 1, and the backward scales them by the real one. Three GEMMs per chunk, as for the full logits.
+- with a z-loss: Cut Cross-Entropy's (Wijmans et al. 2024, arXiv 2411.09009). The backward recomputes each chunk's
+  logits (a fourth GEMM). The loss and the z-loss are two outputs with their own upstream gradients (the study
+  back-propagates ``loss + z_loss`` and logs ``loss``; accumulation and ``GradScaler`` scale them), which a
+  gradient-in-forward scheme would have to fold into one output decided before the backward; between forward and
+  backward it holds ``N`` floats instead of the gradients.
 
-The price is one more GEMM (four instead of three) and one more log-softmax per chunk.
-
-Logits of at most ``SINGLE_CHUNK_ELEMENTS`` (16 MiB in fp32: the demo's byte vocabulary) take the plain autograd
-path, which is today's computation op for op. Otherwise, against ``F.cross_entropy(F.linear(hidden, weight)
-.float())`` (checked in ``tests/models/test_lm_loss.py``): the loss, the z-loss, the max logit and the per-row
-log Z (so its mean) are bit-identical whenever the BLAS computes each row of a GEMM independently of how many rows
-it is given (MKL on x86 does for chunks of a multiple of 4 rows; the default chunks are multiples of 8), and so is
-the gradient to the hidden states; the gradient to the weight sums over rows, so it differs by float summation
-order (summed in fp32 across chunks: under autocast it is more accurate than the bf16 GEMM over all rows).
-No double backward (the backward is an opaque op).
+Either way each chunk runs the very ops autograd runs for ``F.cross_entropy(logits.float())`` and the study's
+``z_loss * logsumexp(logits.float()).pow(2).mean()``, so results can be bit-identical. Logits of at most
+``SINGLE_CHUNK_ELEMENTS`` (16 MiB in fp32: the demo's byte vocabulary) take the plain autograd path, today's
+computation op for op. Otherwise, against ``F.cross_entropy(F.linear(hidden, weight).float())`` (checked in
+``tests/models/test_lm_loss.py``): the loss, the z-loss, the max logit and the per-row log Z (so its mean) are
+bit-identical whenever the BLAS computes each row of a GEMM independently of how many rows it is given (MKL on x86
+does for chunks of a multiple of 4 rows; the default chunks are multiples of 8), and so is the gradient to the hidden
+states (without a z-loss: for an upstream gradient that is a power of 2, e.g. the 1 of ``loss.backward()``); the
+gradient to the weight sums over rows, so it differs by float summation order (summed in fp32 across chunks: under
+autocast it is more accurate than the bf16 GEMM over all rows). No double backward (the backward is opaque).
 """
 
 from __future__ import annotations
@@ -71,7 +68,30 @@ def default_chunk_rows(n_rows: int, vocab: int) -> int:
     return max(1, min(-(-rows // 8) * 8, n_rows // MAX_CHUNK_FRACTION))
 
 
-# ---- the chunked forward and backward (plain torch ops; run as opaque custom ops) ---------------------------------
+# ---- the chunked forward and backward (plain torch ops; eager through an autograd.Function, traced as custom ops) --
+def _ce_grad(logp: Tensor, t: Tensor, g_loss: Tensor, total: Tensor, ignore_index: int) -> Tensor:
+    """The gradient of the mean cross-entropy to a chunk's fp32 logits, by the ops autograd runs for it."""
+    gl = torch.ops.aten.nll_loss_backward(g_loss, logp, t, None, 1, ignore_index, total)
+    return torch._log_softmax_backward_data(gl, logp, 1, torch.float32)
+
+
+def _to_inputs(g: Tensor, hc: Tensor, wc: Tensor, s: int, grad_h: Tensor, grad_w: Tensor) -> None:
+    """A chunk's logits gradient ``g`` (n, V) into ``grad_h[s:s+n]`` and the fp32 sum ``grad_w`` (empty: skipped)."""
+    rows = slice(s, s + g.shape[0])
+    if grad_h.numel():
+        grad_h[rows] = g.mm(wc)  # (n, C)
+    if grad_w.numel() and g.dtype == torch.float32:
+        grad_w.addmm_(g.t(), hc[rows])  # (V, C)
+    elif grad_w.numel():
+        grad_w.add_(g.t().mm(hc[rows]))  # low-precision partials summed in fp32
+
+
+def _grad_buffers(hidden: Tensor, weight: Tensor, need_h: bool, need_w: bool) -> tuple[Tensor, Tensor]:
+    grad_h = torch.empty(hidden.shape if need_h else (0,), dtype=hidden.dtype, device=hidden.device)
+    grad_w = torch.zeros(weight.shape if need_w else (0,), dtype=torch.float32, device=weight.device)
+    return grad_h, grad_w
+
+
 def _forward_impl(
     hidden: Tensor,
     weight: Tensor,
@@ -81,12 +101,21 @@ def _forward_impl(
     rows: int,
     dtype: torch.dtype,
     stats: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(loss, z_loss, max_logit, lse, total)`` of ``hidden (N, C) @ weight (V, C).T`` over chunks of ``rows``
-    rows; ``lse`` is empty unless ``stats`` or a z-loss needs it, ``total`` is nll_loss's count of counted rows."""
+    need_h: bool,
+    need_w: bool,
+) -> tuple[Tensor, ...]:
+    """``(loss, z_loss, max_logit, lse, total, grad_h, grad_w)`` of ``hidden (N, C) @ weight (V, C).T`` over chunks
+    of ``rows`` rows. ``lse`` is empty unless ``stats`` or a z-loss needs it; ``total`` is nll_loss's count of
+    counted rows. Without a z-loss, the gradients of the loss (for an upstream gradient of 1) to the inputs that
+    ``need_`` one are computed here, chunk by chunk (Liger's scheme), else they are empty."""
     N, device = hidden.shape[0], hidden.device
     hc, wc = hidden.to(dtype), weight.to(dtype)  # autocast's casts (no-ops outside autocast)
     need_lse = stats or bool(z_coef)
+    in_forward = targets is not None and not z_coef and (need_h or need_w)
+    grad_h, grad_w = _grad_buffers(hidden, weight, need_h and in_forward, need_w and in_forward)
+    if in_forward:
+        one = torch.ones((), dtype=torch.float32, device=device)
+        counted = (targets != ignore_index).sum().to(torch.float32)  # nll_loss's total weight, exactly
     lse = torch.empty(N if need_lse else 0, dtype=torch.float32, device=device)  # (N,) log Z per row
     picked = torch.empty(N, dtype=torch.float32, device=device)  # (N,) log p(target) per row
     maxes = []
@@ -100,6 +129,9 @@ def _forward_impl(
             t = targets[s : s + rows]
             logp = torch.log_softmax(lf, dim=1)  # what F.cross_entropy computes, row by row
             picked[s : s + rows] = logp.gather(1, t.masked_fill(t == ignore_index, 0).unsqueeze(1)).squeeze(1)
+            if in_forward:
+                del lf
+                _to_inputs(_ce_grad(logp, t, one, counted, ignore_index).to(dtype), hc, wc, s, grad_h, grad_w)
     max_logit = torch.stack(maxes).amax() if maxes else torch.full((), float("-inf"), device=device)
     if targets is not None:
         col = 1 if ignore_index == 0 else 0  # the picked values sit in this column of a (N, 2) input
@@ -109,7 +141,7 @@ def _forward_impl(
     else:
         loss, total = torch.zeros((), device=device), torch.zeros((), device=device)  # no targets: unused
     z = z_coef * lse.pow(2).mean() if z_coef else torch.zeros((), device=device)
-    return loss, z, max_logit, lse, total
+    return loss, z, max_logit, lse, total, grad_h, grad_w.to(weight.dtype)
 
 
 def _backward_impl(
@@ -127,12 +159,11 @@ def _backward_impl(
     need_h: bool,
     need_w: bool,
 ) -> tuple[Tensor, Tensor]:
-    """``(grad_hidden, grad_weight)`` (empty when not needed): each chunk's logits recomputed, then the ops autograd
-    runs for the full logits, applied to the chunk."""
-    N, device = hidden.shape[0], hidden.device
+    """``(grad_hidden, grad_weight)`` (empty when not needed), Cut Cross-Entropy's way: each chunk's logits
+    recomputed, then the ops autograd runs for the full logits (the loss's and the z-loss's), applied to it."""
+    N = hidden.shape[0]
     hc, wc = hidden.to(dtype), weight.to(dtype)
-    grad_h = torch.empty(hidden.shape if need_h else (0,), dtype=hidden.dtype, device=device)
-    grad_w = torch.zeros(weight.shape if need_w else (0,), dtype=torch.float32, device=device)  # (V, C)
+    grad_h, grad_w = _grad_buffers(hidden, weight, need_h, need_w)
     use_loss, use_z = targets is not None and g_loss is not None, bool(z_coef) and g_z is not None
     if not (use_loss or use_z):
         return grad_h.zero_(), grad_w.to(weight.dtype)
@@ -146,25 +177,20 @@ def _backward_impl(
         if use_loss:
             logp = torch.log_softmax(lf, dim=1)
             del lf
-            gl = torch.ops.aten.nll_loss_backward(g_loss, logp, targets[s : s + rows], None, 1, ignore_index, total)
-            gc = torch._log_softmax_backward_data(gl, logp, 1, torch.float32).to(dtype)
-            del gl, logp
+            gc = _ce_grad(logp, targets[s : s + rows], g_loss, total, ignore_index).to(dtype)
+            del logp
             g = gc if g is None else g.add_(gc)  # autograd sums the two paths' grads in the logits' dtype
-        else:
-            del lf
-        if need_h:
-            grad_h[s : s + rows] = g.mm(wc)  # (n, C)
-        if need_w and dtype == torch.float32:
-            grad_w.addmm_(g.t(), hc[s : s + rows])  # (V, C)
-        elif need_w:
-            grad_w.add_(g.t().mm(hc[s : s + rows]))  # low-precision partials summed in fp32
+        _to_inputs(g, hc, wc, s, grad_h, grad_w)
     return grad_h, grad_w.to(weight.dtype)
 
 
-def _forward_fake(hidden, weight, targets, ignore_index, z_coef, rows, dtype, stats):
+def _forward_fake(hidden, weight, targets, ignore_index, z_coef, rows, dtype, stats, need_h, need_w):
     scalar = hidden.new_empty((), dtype=torch.float32)
     lse = hidden.new_empty((hidden.shape[0] if stats or z_coef else 0,), dtype=torch.float32)
-    return scalar, torch.empty_like(scalar), torch.empty_like(scalar), lse, torch.empty_like(scalar)
+    in_forward = targets is not None and not z_coef
+    grad_h = hidden.new_empty(hidden.shape if need_h and in_forward else (0,))
+    grad_w = weight.new_empty(weight.shape if need_w and in_forward else (0,))
+    return scalar, torch.empty_like(scalar), torch.empty_like(scalar), lse, torch.empty_like(scalar), grad_h, grad_w
 
 
 def _backward_fake(g_loss, g_z, hidden, weight, targets, lse, total, ignore_index, z_coef, rows, dtype, nh, nw):
@@ -176,7 +202,10 @@ _fwd_op = torch.library.custom_op(
     "lnblocks::lm_head_ce_fwd",
     _forward_impl,
     mutates_args=(),
-    schema=f"(Tensor hidden, Tensor weight, Tensor? targets, {_ARGS}, bool stats) -> ({', '.join(['Tensor'] * 5)})",
+    schema=(
+        f"(Tensor hidden, Tensor weight, Tensor? targets, {_ARGS}, bool stats, bool need_h, bool need_w) -> "
+        f"({', '.join(['Tensor'] * 7)})"
+    ),
 )
 _fwd_op.register_fake(_forward_fake)
 _bwd_op = torch.library.custom_op(
@@ -192,20 +221,30 @@ _bwd_op.register_fake(_backward_fake)
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-    hidden, weight, targets, ignore_index, z_coef, rows, dtype, _stats = inputs
-    _loss, _z, max_logit, lse, total = output
-    ctx.mark_non_differentiable(max_logit, lse, total)
+    hidden, weight, targets, ignore_index, z_coef, rows, dtype, _stats, need_h, need_w = inputs
+    _loss, _z, max_logit, lse, total, grad_h, grad_w = output
+    ctx.mark_non_differentiable(max_logit, lse, total, grad_h, grad_w)
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(hidden, weight, targets, lse, total)
+    ctx.in_forward = targets is not None and not z_coef and (need_h or need_w)
+    if ctx.in_forward:  # the gradients are there: keep them, not the inputs
+        ctx.save_for_backward(grad_h, grad_w)
+    else:
+        ctx.save_for_backward(hidden, weight, targets, lse, total)
     ctx.args = (ignore_index, z_coef, rows, dtype)
 
 
 def _backward(ctx: Any, g_loss: Tensor | None, g_z: Tensor | None, *_: Any, through_op: bool = True) -> tuple:
-    hidden, weight, targets, lse, total = ctx.saved_tensors
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    bwd = _bwd_op if through_op else _backward_impl
-    grad_h, grad_w = bwd(g_loss, g_z, hidden, weight, targets, lse, total, *ctx.args, need_h, need_w)
-    return (grad_h if need_h else None), (grad_w if need_w else None), None, None, None, None, None, None
+    if ctx.in_forward:  # scale the forward's gradients (for an upstream 1) by the upstream gradient
+        grad_h, grad_w = ctx.saved_tensors
+        if g_loss is None:
+            return None, None, *([None] * 8)
+        grad_h, grad_w = grad_h * g_loss.to(grad_h.dtype), grad_w * g_loss.to(grad_w.dtype)
+    else:
+        hidden, weight, targets, lse, total = ctx.saved_tensors
+        bwd = _bwd_op if through_op else _backward_impl
+        grad_h, grad_w = bwd(g_loss, g_z, hidden, weight, targets, lse, total, *ctx.args, need_h, need_w)
+    return (grad_h if need_h else None), (grad_w if need_w else None), *([None] * 8)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -335,6 +374,8 @@ def lm_head_loss(
         loss, z, max_logit, lse = _one_chunk(hidden, weight, targets, ignore_index, z_loss, stats)
     else:
         fn = _fwd_op if torch.compiler.is_compiling() else _ChunkedLinearCrossEntropy.apply
-        loss, z, max_logit, lse, _ = fn(h2, weight, targets, ignore_index, z_loss, rows, dtype, stats)
+        grad = torch.is_grad_enabled()
+        need_h, need_w = grad and h2.requires_grad, grad and weight.requires_grad
+        loss, z, max_logit, lse, *_ = fn(h2, weight, targets, ignore_index, z_loss, rows, dtype, stats, need_h, need_w)
     out = LMHeadStats(z if z_loss else None, max_logit if stats else None, lse.view(lead) if stats else None)
     return (loss if targets is not None else None), out
