@@ -119,12 +119,13 @@ def test_every_target_ignored_gives_nan_and_zero_gradients_like_torch(rows: int 
         assert_rel(a, b, what=name)
 
 
+@pytest.mark.parametrize("coef", [0.0, 1e-2])
 @pytest.mark.parametrize("rows", [8, None])
-def test_bf16_autocast_error_against_fp64_at_most_twice_the_full_loss(rows: int | None) -> None:
+def test_bf16_autocast_error_against_fp64_at_most_twice_the_full_loss(rows: int | None, coef: float) -> None:
     h, w, t = _data("some")
-    exact = reference(h.double(), w.double(), t, 1e-2)
-    full = reference(h, w, t, 1e-2, dtype=torch.bfloat16)
-    got = chunked(h, w, t, 1e-2, rows, dtype=torch.bfloat16)
+    exact = reference(h.double(), w.double(), t, coef)
+    full = reference(h, w, t, coef, dtype=torch.bfloat16)
+    got = chunked(h, w, t, coef, rows, dtype=torch.bfloat16)
     for name, g, f, e in zip(NAMES, got, full, exact):
         err_got = (g.double() - e).abs().max().item()
         err_full = (f.double() - e).abs().max().item()
