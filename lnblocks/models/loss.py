@@ -11,11 +11,11 @@ and the running max. The gradients come one of two ways:
   under fp16's normal range, which is why fp16 trains with a ``GradScaler``; it must see the scaled upstream
   gradient before the cast, so fp16 takes the second route (measured at V = 30,522: 7% error in the hidden-state
   gradient in the forward, 0.03% recomputed, as the full loss).
-- with a z-loss, or under fp16: Cut Cross-Entropy's (Wijmans et al. 2024, arXiv 2411.09009). The backward recomputes each chunk's
-  logits (a fourth GEMM). The loss and the z-loss are two outputs with their own upstream gradients (the study
-  back-propagates ``loss + z_loss`` and logs ``loss``; accumulation and ``GradScaler`` scale them), which a
-  gradient-in-forward scheme would have to fold into one output decided before the backward; between forward and
-  backward it holds ``N`` floats instead of the gradients.
+- with a z-loss, or under fp16: Cut Cross-Entropy's (Wijmans et al. 2024, arXiv 2411.09009). The backward
+  recomputes each chunk's logits (a fourth GEMM). The loss and the z-loss are two outputs with their own upstream
+  gradients (the study back-propagates ``loss + z_loss`` and logs ``loss``; accumulation and ``GradScaler`` scale
+  them), which a gradient-in-forward scheme would have to fold into one output decided before the backward; between
+  forward and backward it holds ``N`` floats instead of the gradients.
 
 Either way each chunk runs the very ops autograd runs for ``F.cross_entropy(logits.float())`` and the study's
 ``z_loss * logsumexp(logits.float()).pow(2).mean()``, so results can be bit-identical. Logits of at most

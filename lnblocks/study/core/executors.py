@@ -36,13 +36,18 @@ MAX_STARTUP_FAILURES = 3
 @dataclass(frozen=True)
 class Job:
     """One run to train: the task's name and its run config (picklable), whether to draw a step bar, and where its
-    curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``)."""
+    curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``).
+
+    ``call``: other work of the task for the same workers (the report's init profiles): a module-level function
+    (picklable by reference) called as ``call(run, ctx)`` instead of the task's ``train``; ``run`` then only needs
+    ``run_id`` and ``threads``, and the outcome carries what it returned in ``value``."""
 
     task: str
     run: Any
     show: bool = False
     tracking: Any = None
     out_dir: str | None = None
+    call: Callable[[Any, RunContext], Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -51,11 +56,13 @@ class Job:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What came back for a job: its record, or an error message (``lost``: the process training it died)."""
+    """What came back for a job: its record (``value``: a ``Job.call``'s result), or an error message (``lost``: the
+    process training it died)."""
 
     record: RunRecord | None = None
     error: str | None = None
     lost: bool = False
+    value: Any = None
 
 
 class Executor(Protocol):
@@ -66,17 +73,21 @@ class Executor(Protocol):
         the calling process as each one ends."""
 
 
-def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> RunRecord:
-    """Train ``job`` in this process with its task's ``train``, its pinned thread count and flush-to-zero; the
-    process's thread count and denormal mode are restored afterwards."""
+def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> Any:
+    """Train ``job`` in this process with its task's ``train`` (or run its ``call``), its pinned thread count and
+    flush-to-zero; the process's thread count and denormal mode are restored afterwards."""
     import torch
+
+    from lnblocks.study.core.allocator import tune_allocator
 
     ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist or DistContext())
     threads = torch.get_num_threads()
+    tune_allocator()  # glibc keeps the step's big buffers instead of re-faulting them (docs/study.md)
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
     try:
         torch.set_num_threads(job.run.threads)
-        return get_task(job.task).train(job.run, ctx)
+        fn = job.call if job.call is not None else get_task(job.task).train
+        return fn(job.run, ctx)
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)  # torch's default: leave the process as it was
@@ -85,9 +96,10 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> R
 def execute(job: Job, position: int = 0) -> Outcome:
     """``train_job``, with an exception turned into an error outcome (the other runs of the sweep go on)."""
     try:
-        return Outcome(record=train_job(job, position))
+        out = train_job(job, position)
     except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
         return Outcome(error=traceback.format_exc())
+    return Outcome(record=out) if job.call is None else Outcome(value=out)
 
 
 class SerialExecutor:

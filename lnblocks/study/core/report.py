@@ -9,6 +9,7 @@ naming it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,12 @@ def load_records(out_dir: str | Path) -> tuple[list[RunRecord], dict[str, Any], 
     return records, manifest, problems
 
 
-def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) -> int:
-    """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record."""
+def build_report(
+    out_dir: str | Path, *, plots: bool = True, echo: bool = True, open_executor: Callable[[int], Any] | None = None
+) -> int:
+    """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record.
+    ``open_executor(n)``: an executor for ``n`` jobs of the report's own (the lm task's init profiles), e.g. the
+    study's; None: the task computes them in this process."""
     out = Path(out_dir)
     records, manifest, problems = load_records(out)
     for line in problems:
@@ -60,4 +65,4 @@ def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) 
     task = manifest.get("task") or tasks[0]
     if tasks != [task]:
         raise RecordError(str(out / "runs"), "task", f"records of several tasks {tasks} in one study folder")
-    return get_task(task).report(out, records, manifest, problems, plots=plots, echo=echo)
+    return get_task(task).report(out, records, manifest, problems, plots=plots, echo=echo, open_executor=open_executor)

@@ -113,7 +113,8 @@ def run_study(
         if not ddp.is_driver:  # ranks > 0 train what rank 0's loop hands out
             ddp.serve()
             return 0
-        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}")
+        # the report's own jobs run on rank 0 alone: the other ranks stop serving when the runs are done
+        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", report_pool=False)
     finally:
         ddp.close()
 
@@ -126,9 +127,11 @@ def _run(
     report: bool,
     open_pool: Callable[[int], Executor],
     how: str = "",
+    report_pool: bool = True,
 ) -> int:
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
-    ``open_pool(n)``: the executor for ``n`` runs to train."""
+    ``open_pool(n)``: the executor for ``n`` runs to train; ``report_pool``: the report's own jobs (init profiles)
+    go to ``open_pool`` too."""
     runs_dir = init_out_dir(study, out)
     todo, done, problems = pending_runs(study, runs_dir)
     for line in problems:
@@ -201,7 +204,7 @@ def _run(
     if report:
         from lnblocks.study.core.report import build_report
 
-        code = build_report(out) or code
+        code = build_report(out, open_executor=open_pool if report_pool else None) or code
     return code
 
 

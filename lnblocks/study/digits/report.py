@@ -138,7 +138,14 @@ def row(record: RunRecord) -> dict[str, Any]:
 
 
 def build_digits_report(
-    out: Path, records: list[RunRecord], manifest: dict[str, Any], problems: list[str], *, plots: bool, echo: bool
+    out: Path,
+    records: list[RunRecord],
+    manifest: dict[str, Any],
+    problems: list[str],
+    *,
+    plots: bool,
+    echo: bool,
+    open_executor: Any = None,
 ) -> int:
     """Write the report files of a ``cnn_digits`` study into ``out`` from its records (the training settings are
     every run's; the ``manifest`` is not needed); print the table and the claims."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,9 +221,10 @@ def build_lm_report(
     *,
     plots: bool = True,
     echo: bool = True,
+    open_executor: Callable[[int], Any] | None = None,
 ) -> int:
     """Write ``summary.csv``, ``plots/``, ``report.md`` and ``findings.json`` of an ``lm`` study into ``out`` and
-    print the summary."""
+    print the summary. ``open_executor(n)``: the study's executor for the ``n`` init-profile jobs (None: here)."""
     analysis = AnalysisConfig.from_dict(manifest.get("analysis"), key="analysis")
     rows = [run_row(r, analysis) for r in records]
     write_summary_csv(rows, out / "summary.csv")
@@ -231,7 +233,7 @@ def build_lm_report(
     require("numpy")  # the statistics behind the findings
     from lnblocks.study.lm.findings import study_claims
 
-    profiles = study_profiles(out, records, analysis.init_profile, show_progress=echo)
+    profiles = study_profiles(out, records, analysis.init_profile, show_progress=echo, open_executor=open_executor)
     findings = study_claims(rows, profiles)
     made = []
     if plots:

@@ -201,9 +201,8 @@ def forward_backward(
                     logits, loss = model(xi, yi)  # (B, T, V), ()
                 else:
                     stats, loss = model(xi, yi, return_logits=False, z_loss=z_loss)
-            if not z_loss:
-                objective = loss
-            else:
+            objective = loss
+            if z_loss:
                 objective = loss + (z_loss_term(logits, z_loss) if full_logits else stats.z_loss)
             precision.backward(objective if accum == 1 else objective / accum)
         value = loss.detach().float()
