@@ -65,10 +65,12 @@ def minilm_ids(path: Path) -> str:
     from lnblocks.study.lm.data import shakespeare_split
 
     tok = Tokenizer.from_file(str(Path(spec.origin).parent / "model" / "tokenizer.json"))
+    tok.no_truncation()  # the model's file truncates to 128 tokens
+    tok.no_padding()
     assert tok.get_vocab_size() == MINILM_VOCAB, tok.get_vocab_size()
     train, _ = shakespeare_split()
-    text = bytes(train[:2_000_000].tolist()).decode("utf-8", errors="replace")
-    ids = tok.encode(text, add_special_tokens=False).ids
+    lines = bytes(train[:2_000_000].tolist()).decode("utf-8", errors="replace").splitlines()
+    ids = [i for enc in tok.encode_batch(lines, add_special_tokens=False) for i in enc.ids]
     torch.save(torch.tensor(ids, dtype=torch.int32), path)
     return f"MiniLM WordPiece ids of Shakespeare ({len(ids):,} tokens)"
 

@@ -79,16 +79,38 @@ def _grads_in_forward(targets: Tensor | None, z_coef: float, dtype: torch.dtype)
     return targets is not None and not z_coef and dtype != torch.float16
 
 
-def _ce_grad(logp: Tensor, t: Tensor, g_loss: Tensor, total: Tensor, ignore_index: int) -> Tensor:
-    """The gradient of the mean cross-entropy to a chunk's fp32 logits, by the ops autograd runs for it."""
-    gl = torch.ops.aten.nll_loss_backward(g_loss, logp, t, None, 1, ignore_index, total)
-    return torch._log_softmax_backward_data(gl, logp, 1, torch.float32)
+def _ce_grad(
+    logp: Tensor, t: Tensor, g_loss: Tensor, total: Tensor, ignore_index: int, out: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
+    """The gradient of the mean cross-entropy to a chunk's fp32 logits, by the ops autograd runs for it; ``out``:
+    two ``logp``-shaped buffers to write into (the same kernels' out variants: the same bits)."""
+    if out is None:
+        gl = torch.ops.aten.nll_loss_backward(g_loss, logp, t, None, 1, ignore_index, total)
+        return torch._log_softmax_backward_data(gl, logp, 1, torch.float32)
+    gl, g = out  # nll_loss_backward zeroes its grad_input before it scatters
+    torch.ops.aten.nll_loss_backward.grad_input(g_loss, logp, t, None, 1, ignore_index, total, grad_input=gl)
+    return torch._log_softmax_backward_data(gl, logp, 1, torch.float32, out=g)
+
+
+class _ChunkBuffers:
+    """The fp32 ``(rows, V)`` buffers of one call's chunks, allocated once and reused by every chunk: the logits
+    (then the loss's gradient to the log-probabilities), the log-probabilities, the logits' gradient. Per chunk that
+    is no allocation, no page faults and no freshly zeroed memory, and the chunk's data stays at the same addresses
+    (lnblocks issue 23: about 13% of the head's CPU time at V = 30,522; ``benchmarks/bench_study_step.py``)."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device, count: int) -> None:
+        self.bufs = [torch.empty(rows, vocab, device=device) for _ in range(count)]
+
+    def get(self, i: int, n: int) -> Tensor:
+        return self.bufs[i][:n]
 
 
 def _to_inputs(g: Tensor, hc: Tensor, wc: Tensor, s: int, grad_h: Tensor, grad_w: Tensor) -> None:
     """A chunk's logits gradient ``g`` (n, V) into ``grad_h[s:s+n]`` and the fp32 sum ``grad_w`` (empty: skipped)."""
     rows = slice(s, s + g.shape[0])
-    if grad_h.numel():
+    if grad_h.numel() and grad_h.dtype == g.dtype:
+        torch.mm(g, wc, out=grad_h[rows])  # (n, C), in place
+    elif grad_h.numel():
         grad_h[rows] = g.mm(wc)  # (n, C)
     if grad_w.numel() and g.dtype == torch.float32:
         grad_w.addmm_(g.t(), hc[rows])  # (V, C)
@@ -129,19 +151,28 @@ def _forward_impl(
     lse = torch.empty(N if need_lse else 0, dtype=torch.float32, device=device)  # (N,) log Z per row
     picked = torch.empty(N, dtype=torch.float32, device=device)  # (N,) log p(target) per row
     maxes = []
+    # fp32 chunks reuse three buffers (or one/two: what this call needs); low-precision ones allocate (their .float())
+    count = (1 + (targets is not None) + in_forward) if dtype == torch.float32 else 0
+    buf = _ChunkBuffers(min(rows, N), weight.shape[0], device, count) if count else None
     for s in range(0, N, rows):
-        lf = hc[s : s + rows].mm(wc.t()).float()  # (n, V): the chunk's logits, as logits.float()
+        n = min(rows, N - s)
+        h_n = hc[s : s + n]
+        # (n, V): the chunk's logits, as logits.float()
+        lf = h_n.mm(wc.t()).float() if buf is None else torch.mm(h_n, wc.t(), out=buf.get(0, n))
         if stats:
             maxes.append(lf.amax())
         if need_lse:
             lse[s : s + rows] = torch.logsumexp(lf, dim=-1)
         if targets is not None:
             t = targets[s : s + rows]
-            logp = torch.log_softmax(lf, dim=1)  # what F.cross_entropy computes, row by row
+            # what F.cross_entropy computes, row by row (log_softmax's own kernel, into the buffer)
+            logp = torch.log_softmax(lf, dim=1) if buf is None else torch._log_softmax(lf, 1, False, out=buf.get(1, n))
             picked[s : s + rows] = logp.gather(1, t.masked_fill(t == ignore_index, 0).unsqueeze(1)).squeeze(1)
             if in_forward:
-                del lf
-                _to_inputs(_ce_grad(logp, t, one, counted, ignore_index).to(dtype), hc, wc, s, grad_h, grad_w)
+                del lf  # its buffer takes the loss's gradient to logp
+                outs = None if buf is None else (buf.get(0, n), buf.get(2, n))
+                g = _ce_grad(logp, t, one, counted, ignore_index, outs).to(dtype)
+                _to_inputs(g, hc, wc, s, grad_h, grad_w)
     max_logit = torch.stack(maxes).amax() if maxes else torch.full((), float("-inf"), device=device)
     if targets is not None:
         col = 1 if ignore_index == 0 else 0  # the picked values sit in this column of a (N, 2) input
