@@ -285,10 +285,12 @@ def test_extra_memory_under_an_eighth_of_the_logits(coef: float) -> None:
 
 @pytest.mark.parametrize(
     ("n", "vocab", "rows"),
-    [(1024, 256, 1024), (1024, 30522, 16), (1024, 50257, 16), (256, 30522, 16), (512, 8200, 32), (64, 256000, 4)],
-)
+    [(1024, 256, 1024), (1024, 30522, 40), (1024, 50257, 40), (256, 30522, 16), (512, 8200, 32), (64, 256000, 4),
+     (8192, 50257, 336)],
+)  # fmt: skip
 def test_default_chunks(n: int, vocab: int, rows: int) -> None:
-    """One chunk up to 16 MiB of logits; else n/64 rows or 1 MiB per chunk, a multiple of 8, at most n/16 rows."""
+    """One chunk up to 16 MiB of logits; else n/24 rows (three buffers within 1/8 of the logits) rounded down to a
+    multiple of 8, but at least 8 and 1 MiB of logits, and at most n/16 rows."""
     assert L.default_chunk_rows(n, vocab) == rows
 
 
