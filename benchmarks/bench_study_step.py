@@ -39,6 +39,7 @@ import torch
 from bench_lm_loss import loss_call, peak_extra_mib
 from tqdm import tqdm
 
+import lnblocks.models.loss as L
 from lnblocks.models import GPT
 from lnblocks.study.core.allocator import tune_allocator
 from lnblocks.study.lm.config import TrainConfig
@@ -174,9 +175,9 @@ def memory_lines(args: argparse.Namespace, device: torch.device) -> list[str]:
             loss.append(peak(loss_call(h, w, t, chunked, 0.0), device, keep, warm=False))
         step = [peak(study_step(vocab, 2, full, device, args, None), device, 0) for full in (True, False)]
         logits = args.batch * args.seq * vocab * 4 / 2**20
+        share = f"{loss[1] / logits:.3f}" if h[..., 0].numel() * vocab > L.SINGLE_CHUNK_ELEMENTS else "(one chunk)"
         lines.append(
-            f"| {vocab:,} | {logits:.1f} | {loss[0]:.1f} | {loss[1]:.1f} | {loss[1] / logits:.3f} | "
-            f"{step[0]:.1f} | {step[1]:.1f} |"
+            f"| {vocab:,} | {logits:.1f} | {loss[0]:.1f} | {loss[1]:.1f} | {share} | {step[0]:.1f} | {step[1]:.1f} |"
         )
     return lines
 

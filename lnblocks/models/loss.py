@@ -62,16 +62,17 @@ class LMHeadStats(NamedTuple):
     log_z: Tensor | None
 
 
-def default_chunk_rows(n_rows: int, vocab: int) -> int:
+def default_chunk_rows(n_rows: int, vocab: int, buffers: int = 3) -> int:
     """Rows per chunk: all of them while the logits fit in ``SINGLE_CHUNK_ELEMENTS``; otherwise as many as keep the
-    chunk's three fp32 ``(rows, V)`` buffers within ``1 / LOGITS_FRACTION`` of the logits (``n_rows / 24``, rounded
-    down to a multiple of 8: whole SIMD/GEMM tiles, which keeps rows bit-identical), but at least 8 and at least
+    chunk's ``buffers`` fp32 ``(rows, V)`` buffers within ``1 / LOGITS_FRACTION`` of the logits (three: ``n_rows /
+    24``; the recomputing backward's four, with headroom: five, ``n_rows / 40``), rounded down to a multiple of 8
+    (whole SIMD/GEMM tiles, which keeps rows bit-identical), but at least 8 and at least
     ``MIN_CHUNK_ELEMENTS / vocab`` (rounded up to a multiple of 8), and at most ``n_rows / MAX_CHUNK_FRACTION``.
     Few, large chunks: each chunk reads the head weight twice and its gradient once more (lnblocks issue 23: at
     V = 50,257, 40-row chunks took 12% less CPU time than 16-row ones)."""
     if n_rows * vocab <= SINGLE_CHUNK_ELEMENTS:
         return max(n_rows, 1)
-    by_memory = n_rows // (3 * LOGITS_FRACTION) // 8 * 8
+    by_memory = n_rows // (buffers * LOGITS_FRACTION) // 8 * 8
     by_size = -(-MIN_CHUNK_ELEMENTS // vocab)  # ceil
     by_size = -(-by_size // 8) * 8
     return max(1, min(max(8, by_memory, by_size), n_rows // MAX_CHUNK_FRACTION))
@@ -215,15 +216,22 @@ def _backward_impl(
         return grad_h.zero_(), grad_w.to(weight.dtype)
     if use_z:  # the study's z-loss backward: x coefficient, mean (/ N), pow(2) (x 2 lse)
         gz_rows = ((g_z * z_coef) / N) * (2 * lse)  # (N,)
+    # fp32 chunks reuse four buffers: logits (then the loss's gradient to logp), the z-loss's gradient, logp, the
+    # loss's gradient to the logits
+    buf = _ChunkBuffers(min(rows, N), weight.shape[0], hidden.device, 4) if dtype == torch.float32 else None
     for s in range(0, N, rows):
-        lf = hc[s : s + rows].mm(wc.t()).float()  # (n, V), recomputed
+        n, h_n = min(rows, N - s), hc[s : s + rows]
+        lf = h_n.mm(wc.t()).float() if buf is None else torch.mm(h_n, wc.t(), out=buf.get(0, n))  # (n, V), recomputed
         g = None
         if use_z:  # logsumexp's backward: grad * exp(logits - lse)
-            g = (lf - lse[s : s + rows].unsqueeze(1)).exp_().mul_(gz_rows[s : s + rows].unsqueeze(1)).to(dtype)
+            lse_n = lse[s : s + n].unsqueeze(1)
+            diff = lf - lse_n if buf is None else torch.sub(lf, lse_n, out=buf.get(1, n))
+            g = diff.exp_().mul_(gz_rows[s : s + n].unsqueeze(1)).to(dtype)
         if use_loss:
-            logp = torch.log_softmax(lf, dim=1)
+            logp = torch.log_softmax(lf, dim=1) if buf is None else torch._log_softmax(lf, 1, False, out=buf.get(2, n))
             del lf
-            gc = _ce_grad(logp, targets[s : s + rows], g_loss, total, ignore_index).to(dtype)
+            outs = None if buf is None else (buf.get(0, n), buf.get(3, n))
+            gc = _ce_grad(logp, targets[s : s + n], g_loss, total, ignore_index, outs).to(dtype)
             del logp
             g = gc if g is None else g.add_(gc)  # autograd sums the two paths' grads in the logits' dtype
         _to_inputs(g, hc, wc, s, grad_h, grad_w)
@@ -412,10 +420,14 @@ def lm_head_loss(
         targets = check_targets(targets, lead, V, ignore_index).reshape(-1)
     h2 = hidden.reshape(-1, C)  # (N, C)
     N = h2.shape[0]
-    rows = default_chunk_rows(N, V) if chunk_rows is None else check_int("chunk_rows", chunk_rows)
+    if chunk_rows is not None:
+        chunk_rows = check_int("chunk_rows", chunk_rows)
     stats = targets is None if stats is None else check_bool("stats", stats)
     _check_plain(weight)
     dtype = _compute_dtype(hidden, weight)
+    grad = torch.is_grad_enabled() and (h2.requires_grad or weight.requires_grad)
+    recompute = grad and not _grads_in_forward(targets, z_loss, dtype)  # the backward's four buffers
+    rows = default_chunk_rows(N, V, 5 if recompute else 3) if chunk_rows is None else chunk_rows
     if rows >= N:  # small logits: the plain autograd path, which is today's computation itself
         loss, z, max_logit, lse = _one_chunk(hidden, weight, targets, ignore_index, z_loss, stats)
     else:
