@@ -82,7 +82,7 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> A
 
     ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist or DistContext())
     threads = torch.get_num_threads()
-    tune_allocator()  # glibc keeps the step's big buffers instead of re-faulting them (docs/study.md)
+    tune_allocator()  # glibc keeps the step's big buffers instead of re-faulting them (docs/cluster.md)
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
     try:
         torch.set_num_threads(job.run.threads)
