@@ -35,14 +35,16 @@ MAX_STARTUP_FAILURES = 3
 
 @dataclass(frozen=True)
 class Job:
-    """One run to train: the task's name and its run config (picklable), whether to draw a step bar, and where its
-    curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``)."""
+    """One run to train: the task's name and its run config (picklable), whether to draw a step bar, where its
+    curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``), and the
+    absolute folder of its checkpoints (``checkpoint_dir``, when the run asks for them: ``run.checkpoint``)."""
 
     task: str
     run: Any
     show: bool = False
     tracking: Any = None
     out_dir: str | None = None
+    checkpoint_dir: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -51,11 +53,13 @@ class Job:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What came back for a job: its record, or an error message (``lost``: the process training it died)."""
+    """What came back for a job: its record, or an error message (``lost``: the process training it died;
+    ``fatal``: its checkpoints could not be written, a one-line message: no further run should start)."""
 
     record: RunRecord | None = None
     error: str | None = None
     lost: bool = False
+    fatal: bool = False
 
 
 class Executor(Protocol):
@@ -71,7 +75,13 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> R
     process's thread count and denormal mode are restored afterwards."""
     import torch
 
-    ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist or DistContext())
+    dist = dist or DistContext()
+    checkpoints = None
+    if job.checkpoint_dir is not None:
+        from lnblocks.study.core.checkpoint import Checkpoints
+
+        checkpoints = Checkpoints(job.checkpoint_dir, job.run.checkpoint, job.run.digest, dist)
+    ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist, checkpoints)
     threads = torch.get_num_threads()
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
     try:
@@ -84,8 +94,12 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> R
 
 def execute(job: Job, position: int = 0) -> Outcome:
     """``train_job``, with an exception turned into an error outcome (the other runs of the sweep go on)."""
+    from lnblocks.study.core.checkpoint import CheckpointError
+
     try:
         return Outcome(record=train_job(job, position))
+    except CheckpointError as err:  # a full disk or a folder that went away: one line, and stop the sweep
+        return Outcome(error=str(err), fatal=True)
     except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
         return Outcome(error=traceback.format_exc())
 

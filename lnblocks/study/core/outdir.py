@@ -31,13 +31,15 @@ def record_path(runs_dir: Path, run_id: str) -> Path:
     return runs_dir / f"{run_id}.json"
 
 
-def init_out_dir(study: StudyConfig, out: Path) -> Path:
-    """Create ``out/runs/``, remove temp files of dead writers, write the manifest; return the runs folder."""
+def init_out_dir(study: StudyConfig, out: Path, runs: list[Any] | None = None) -> Path:
+    """Create ``out/runs/``, remove temp files of dead writers, write the manifest; return the runs folder.
+    ``runs``: the study's runs as the task resolved them (``Task.resolve_runs``; default ``study.runs()``)."""
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(runs_dir)
     remove_stale_tmp(out)
-    write_json_atomic(out / "study.json", {**study.to_dict(), "run_ids": [r.run_id for r in study.runs()]})
+    runs = study.runs() if runs is None else runs
+    write_json_atomic(out / "study.json", {**study.to_dict(), "run_ids": [r.run_id for r in runs]})
     return runs_dir
 
 
@@ -55,10 +57,10 @@ def check_record(runs_dir: Path, run_id: str) -> str | None:
     return None
 
 
-def pending_runs(study: StudyConfig, runs_dir: Path) -> tuple[list[Any], int, list[str]]:
+def pending_runs(study: StudyConfig, runs_dir: Path, runs: list[Any] | None = None) -> tuple[list[Any], int, list[str]]:
     """Runs without a valid record, most expensive first (balances parallel workers); how many are done; and one
-    line per record that exists but fails validation (those runs are redone)."""
-    runs = study.runs()
+    line per record that exists but fails validation (those runs are redone). ``runs``: as for ``init_out_dir``."""
+    runs = study.runs() if runs is None else runs
     todo, problems = [], []
     for r in runs:
         why = check_record(runs_dir, r.run_id)

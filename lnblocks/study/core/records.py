@@ -11,6 +11,8 @@ JSON layout (schema ``lnblocks.study.run/2``)::
      "labels": {grid axis: value label}, "config": {the resolved run config}, "result": {task's measurements},
      "time": {"wall_s", "cpu_s", ...}, "env": {"torch", "device", "threads", "host", "pid", ...}}
 
+``env.resumed_from`` (when present): the steps of the checkpoints the run was resumed from.
+
 Non-finite numbers are stored as ``null`` (JSON has no NaN). Every record passes through its task's
 ``upgrade_record`` (if any) before it is checked, so a task reads what older versions of it wrote; records of
 schema ``lnblocks.study.run/1`` were written when the study had one task, the default one (measurements at the top
@@ -33,6 +35,7 @@ from lnblocks.study.core.tasks import default_task_name, get_task, task_names
 SCHEMA = "lnblocks.study.run/2"
 SCHEMA_V1 = "lnblocks.study.run/1"
 STATUSES = ("finished", "diverged")
+EXECUTION_ENV = ("host", "pid", "resumed_from")  # env fields that say how a run was executed, not what it computed
 
 _NUM = (int, float)
 
@@ -137,10 +140,11 @@ class RunRecord:
         return finite_or_null(out)
 
     def deterministic_json(self) -> dict[str, Any]:
-        """``to_json`` without ``time`` and the host/pid of ``env``: what must not depend on scheduling."""
+        """``to_json`` without ``time`` and the host, pid and ``resumed_from`` of ``env``: what must not depend on
+        scheduling, nor on whether the run was interrupted and resumed from a checkpoint."""
         out = self.to_json()
         out.pop("time")
-        out["env"] = {k: v for k, v in out["env"].items() if k not in ("host", "pid")}
+        out["env"] = {k: v for k, v in out["env"].items() if k not in EXECUTION_ENV}
         return out
 
     @classmethod

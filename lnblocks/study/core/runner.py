@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from lnblocks.study.core.checkpoint import check_folder, checkpoint_folder, remove_folder
 from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
 from lnblocks.study.core.outdir import RunLock, check_record, init_out_dir, pending_runs, record_path
 from lnblocks.study.core.records import write_record
@@ -113,7 +114,7 @@ def run_study(
         if not ddp.is_driver:  # ranks > 0 train what rank 0's loop hands out
             ddp.serve()
             return 0
-        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}")
+        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", ddp.dist.world_size)
     finally:
         ddp.close()
 
@@ -126,15 +127,22 @@ def _run(
     report: bool,
     open_pool: Callable[[int], Executor],
     how: str = "",
+    world_size: int = 1,
 ) -> int:
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
-    ``open_pool(n)``: the executor for ``n`` runs to train."""
-    runs_dir = init_out_dir(study, out)
-    todo, done, problems = pending_runs(study, runs_dir)
+    ``open_pool(n)``: the executor for ``n`` runs to train. Runs with ``checkpoint`` resume from their newest valid
+    checkpoint (``core.checkpoint``): their folders are checked before any run trains and removed once the record
+    is written."""
+    runs = study.runs()
+    if task.resolve_runs is not None:  # what each run trains on is part of its id (a corpus's digest)
+        runs = task.resolve_runs(runs, show)
+    runs_dir = init_out_dir(study, out, runs)
+    todo, done, problems = pending_runs(study, runs_dir, runs)
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
     total = done + len(todo)
-    ids = {r.run_id for r in study.runs()}
+    folders = _checkpoint_folders(todo, out, world_size)  # CheckpointError (exit 2) before anything trains
+    ids = {r.run_id for r in runs}
     others = [p for p in runs_dir.glob("*.json") if p.stem not in ids]
     if others:
         print(
@@ -150,12 +158,15 @@ def _run(
     live = pool.live_tracking
     tracking = study.tracking if study.tracking.enabled else None
     failed: list[tuple[str, str]] = []
+    fatal: list[str] = []
     elsewhere: list[str] = []
     locks: dict[str, RunLock] = {}
     bar = _bar(total, done, show)
 
     def jobs() -> Iterator[Job]:
         for run in todo:
+            if fatal:  # a checkpoint could not be written (a full disk): start nothing more
+                return
             lock = RunLock(runs_dir, run.run_id)
             if not lock.acquire():
                 elsewhere.append(run.run_id)
@@ -166,15 +177,21 @@ def _run(
                 bar.update(1)
                 continue
             locks[run.run_id] = lock
-            yield Job(study.task, run, show and live, tracking if live else None, str(out))
+            folder = folders.get(run.run_id)
+            yield Job(study.task, run, show and live, tracking if live else None, str(out), folder and str(folder))
 
     def finished(job: Job, outcome: Outcome) -> None:
         try:
             if outcome.record is not None:
                 write_record(record_path(runs_dir, job.run_id), outcome.record)
+                if job.checkpoint_dir is not None and not job.run.checkpoint.keep_finished:
+                    remove_folder(Path(job.checkpoint_dir))  # the record holds everything now
                 if tracking is not None and not live:
                     task.replay_curves(outcome.record, out, tracking)
                 bar.write(task.outcome(outcome.record))
+            elif outcome.fatal:
+                fatal.append(f"run {job.run_id}: {outcome.error}")
+                bar.write(f"{job.run_id}: FAILED: {outcome.error}")
             else:
                 failed.append((job.run_id, outcome.error or "unknown error"))
                 bar.write(f"{job.run_id}: FAILED\n{outcome.error}")
@@ -197,12 +214,27 @@ def _run(
             f"`lnblocks study report {out}` when it ends",
             file=sys.stderr,
         )
-    code = 1 if failed else 0
+    for line in fatal:
+        print(f"lnblocks: error: {line}", file=sys.stderr)
+    code = 2 if fatal else 1 if failed else 0
     if report:
         from lnblocks.study.core.report import build_report
 
         code = build_report(out) or code
     return code
+
+
+def _checkpoint_folders(todo: list[Any], out: Path, world_size: int) -> dict[str, Path]:
+    """The checkpoint folder of every pending run that asks for checkpoints (``run.checkpoint``), each checked to be
+    writable and to hold no checkpoint of another config, lnblocks format or world size."""
+    folders = {}
+    for run in todo:
+        cfg = getattr(run, "checkpoint", None)
+        if cfg is not None:
+            folder = checkpoint_folder(cfg, out, run.run_id)
+            check_folder(folder, run.digest, world_size)
+            folders[run.run_id] = folder
+    return folders
 
 
 def _bar(total: int, initial: int, show: bool) -> Any:

@@ -22,6 +22,10 @@ class LMResult:
     for the Markov source, ``floor``; ``diagnostics``: one dict per logged step; ``init_grad``: Xiong et al.'s
     expected gradient at init (or null); ``diverged_reason``: why a diverged run stopped; ``layer_ablation``: the
     final eval loss ``base`` and, per layer, the eval loss with that block skipped (``skip``), or null.
+    ``grad_norm``: the global gradient norm per step (before clipping); ``stability``: spike scores of the loss and
+    the gradient norm, the largest Adam update RMS and the share of norm inputs with variance under eps
+    (``lnblocks.study.lm.stability.summary``); ``corpus``: for a corpus source, its digest and a summary
+    (``CorpusSummary.record``). These three are null in records older lnblocks wrote.
     """
 
     # config keys the report reads: checked when a record is loaded
@@ -50,6 +54,9 @@ class LMResult:
     init_grad: dict[str, Any] | None = None
     diverged_reason: str | None = None
     layer_ablation: dict[str, Any] | None = None
+    grad_norm: list[float | None] | None = None
+    stability: dict[str, Any] | None = None
+    corpus: dict[str, Any] | None = None
 
 
 _V1_RESULT_KEYS = (

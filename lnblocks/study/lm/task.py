@@ -14,6 +14,7 @@ from typing import Any
 
 from lnblocks.blocks.config import AttentionConfig, MLPConfig
 from lnblocks.config import ConfigTypeError, ConfigValueError
+from lnblocks.study.core.checkpoint import CheckpointConfig
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.study_config import StudyConfig, parse_axis, parse_extra_grids
 from lnblocks.study.core.tasks import RunContext, Task
@@ -28,6 +29,7 @@ NESTED_KEYS: dict[tuple[str, str], Any] = {
     ("train", "optimizer"): OptimizerConfig,
     ("model", "attention"): AttentionConfig,
     ("model", "mlp"): MLPConfig,
+    ("train", "checkpoint"): CheckpointConfig,
 }
 
 
@@ -96,10 +98,25 @@ def train(run: RunConfig, ctx: RunContext) -> RunRecord:
     from lnblocks.study.core.tracking import open_tracker
     from lnblocks.study.lm.train import train_run
 
+    options = {"dist": ctx.dist, "show_progress": ctx.show_progress, "position": ctx.position}
     if ctx.tracking is None or ctx.out_dir is None:
-        return train_run(run, dist=ctx.dist, show_progress=ctx.show_progress, position=ctx.position)
+        return train_run(run, checkpoints=ctx.checkpoints, **options)
     with open_tracker(ctx.tracking, ctx.out_dir, run.run_id, run.to_dict()) as tracker:
-        return train_run(run, dist=ctx.dist, show_progress=ctx.show_progress, position=ctx.position, tracker=tracker)
+        return train_run(run, checkpoints=ctx.checkpoints, tracker=tracker, **options)
+
+
+def resolve_runs(runs: list[RunConfig], show_progress: bool = False) -> list[RunConfig]:
+    """The runs with what they train on fixed: each corpus run gets its prepared corpus's digest (``data.corpus``,
+    part of its id), so a changed corpus makes new runs instead of mixing with the old records."""
+    from lnblocks.study.lm.corpus import corpus_digest
+
+    out = []
+    for run in runs:
+        if run.data.source in BUILTIN_SOURCES:
+            out.append(run)
+        else:
+            out.append(run.bind_corpus(corpus_digest(run.data.corpus_config(), show_progress=show_progress)))
+    return out
 
 
 def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]:
@@ -138,8 +155,9 @@ TASK = Task(
     outcome=outcome,
     report=build_lm_report,
     result_type=LMResult,
-    path_keys={f"data.{k}": ("bytes",) if k == "tokenizer" else () for k in PATH_KEYS},
+    path_keys={**{f"data.{k}": ("bytes",) if k == "tokenizer" else () for k in PATH_KEYS}, "train.checkpoint.dir": ()},
     before_runs=before_runs,
+    resolve_runs=resolve_runs,
     replay_curves=replay,
     ddp=True,
     upgrade_record=upgrade_record,
