@@ -29,6 +29,7 @@ an attempt that did not resume (so a retried run does not fail again).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -78,7 +79,7 @@ class CheckpointConfig(Config):
         check_bool("keep_finished", self.keep_finished)
         if self.every is None and self.every_s is None:
             raise ConfigValueError(
-                "every", "or every_s must be set (checkpoint every N steps and/or S seconds); null turns checkpoints off"
+                "every", "or every_s must be set (a checkpoint every N steps and/or S seconds); null: no checkpoints"
             )
 
 
@@ -167,10 +168,8 @@ def check_folder(folder: Path, identity: str, world_size: int = 1) -> None:
 def remove_folder(folder: Path) -> None:
     """Remove a finished run's checkpoints (and ``checkpoints/`` itself once it is empty)."""
     shutil.rmtree(folder, ignore_errors=True)
-    try:
+    with contextlib.suppress(OSError):  # not empty: other runs' checkpoints
         folder.parent.rmdir()
-    except OSError:
-        pass
 
 
 # ---- the process's RNGs ------------------------------------------------------------------------------------------

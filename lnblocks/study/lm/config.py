@@ -401,7 +401,7 @@ class RunConfig(LabelledRun, Config):
         another)."""
         if self.data.corpus not in (None, digest):
             raise ConfigValueError(
-                "data.corpus", f"pins the corpus {self.data.corpus}, but the files now give {digest}: the corpus changed"
+                "data.corpus", f"pins the corpus {self.data.corpus}, but its files now give {digest}: the corpus changed"
             )
         return self.replace(data=self.data.replace(corpus=digest)).with_labels(self.labels)
 

@@ -192,13 +192,10 @@ def reference_entry(
 
         bar = require("tqdm").tqdm(total=n, desc="counting tokens", unit="tok", unit_scale=True, leave=False)
     sha = {"train": hashlib.sha256(), "val": hashlib.sha256()}
+    options = {"chunk_tokens": chunk_tokens, "progress": bar}
     try:
-        train = count_tokens(
-            train_path, dtype, vocab_size, name="train_path", chunk_tokens=chunk_tokens, progress=bar, hasher=sha["train"]
-        )
-        val = count_tokens(
-            val_path, dtype, vocab_size, name="val_path", chunk_tokens=chunk_tokens, progress=bar, hasher=sha["val"]
-        )
+        train = count_tokens(train_path, dtype, vocab_size, name="train_path", hasher=sha["train"], **options)
+        val = count_tokens(val_path, dtype, vocab_size, name="val_path", hasher=sha["val"], **options)
     finally:
         if bar is not None:
             bar.close()
