@@ -124,18 +124,14 @@ class DataConfig(Config):
             self._set(name, getattr(corpus, name))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every resolved key; for a corpus source, the keys that locate and tokenize it (``CORPUS_KEYS``,
-        ``eval_fraction``) give way to ``corpus``, the digest of the prepared token files, which says what the run
-        trains on (``RunConfig.bind_corpus``; a summary goes to the record's ``result.corpus``)."""
+        """Every resolved key; for a corpus source bound to its prepared corpus (``RunConfig.bind_corpus``, which
+        the runner does before it uses ids), the keys that locate and tokenize it (``CORPUS_KEYS``,
+        ``eval_fraction``) give way to ``corpus``, the digest of the token files: what the run trains on (a summary
+        goes to the record's ``result.corpus``). Unbound, every key as configured."""
         out = super().to_dict()
-        if self.source in BUILTIN_SOURCES:
+        if self.source in BUILTIN_SOURCES or self.corpus is None:  # (unbound: the options as configured)
             return out
-        out = {k: v for k, v in out.items() if k not in (*CORPUS_KEYS, "eval_fraction")}
-        if self.corpus is None:  # not bound by the runner: prepare (or find) the corpus now
-            from lnblocks.study.lm.corpus import corpus_digest
-
-            out["corpus"] = corpus_digest(self.corpus_config())
-        return out
+        return {k: v for k, v in out.items() if k not in (*CORPUS_KEYS, "eval_fraction")}
 
     def corpus_config(self) -> CorpusConfig:
         """The ``CorpusConfig`` of a ``tokens`` / ``text`` / ``hf_dataset`` source (``ValueError`` for the others)."""
@@ -401,7 +397,7 @@ class RunConfig(LabelledRun, Config):
         another)."""
         if self.data.corpus not in (None, digest):
             raise ConfigValueError(
-                "data.corpus", f"pins the corpus {self.data.corpus}, but its files now give {digest}: the corpus changed"
+                "data.corpus", f"pins the corpus {self.data.corpus}, but its files give {digest}: the corpus changed"
             )
         return self.replace(data=self.data.replace(corpus=digest)).with_labels(self.labels)
 

@@ -120,8 +120,19 @@ def targets(records: list[RunRecord]) -> dict[tuple[str, int], RunConfig]:
     for rec in sorted(records, key=lambda r: r.id):
         key = (arch_of(rec), rec.config["model"]["depth"])
         if key not in out:
-            out[key] = RunConfig.from_dict(rec.config)
+            out[key] = RunConfig.from_dict(_readable_config(rec))
     return out
+
+
+def _readable_config(rec: RunRecord) -> dict[str, Any]:
+    """The record's config as a run config can be built from it: a corpus run's record names its corpus by digest
+    (the files that made it are not kept), so its data are read from the prepared token files it names."""
+    corpus = rec.result.corpus
+    if rec.config["data"]["source"] in ("shakespeare", "markov") or not corpus:
+        return rec.config
+    data = {**rec.config["data"], "source": "tokens", "train_path": corpus["train_path"],
+            "val_path": corpus["val_path"], "token_dtype": corpus["token_dtype"], "vocab_size": corpus["vocab_size"]}
+    return {**rec.config, "data": data}  # fmt: skip
 
 
 def profiles_from_runs(records: list[RunRecord]) -> list[InitProfile]:

@@ -314,7 +314,7 @@ def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
         val_tokens=token_count(val, dtype, "val_path"),
         reference=entry["reference"],
         warnings=tuple([w for w in layout if w] + data_warnings(entry["reference"])),
-        sha256=(entry["sha256"]["train"], entry["sha256"]["val"]),
+        sha256=(entry["bin_sha256"]["train"], entry["bin_sha256"]["val"]),
         files=2,
     )
 

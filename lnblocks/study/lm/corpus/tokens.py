@@ -149,7 +149,7 @@ def _cached_reference(path: Path, key: dict[str, Any], vocab_size: int, train_to
         max_id = body.get("max_id")
         if why is None and not (isinstance(max_id, int) and 0 <= max_id < vocab_size):
             why = f"max_id {max_id!r} is not an id below vocab_size {vocab_size}"
-        sha = body.get("sha256")
+        sha = body.get("bin_sha256")
         if why is None and not (isinstance(sha, dict) and all(isinstance(sha.get(k), str) for k in ("train", "val"))):
             why = "it carries no sha256 of the token files"
         if why is None:
@@ -168,7 +168,7 @@ def reference_entry(
     show_progress: bool = False,
     chunk_tokens: int = COUNT_CHUNK_TOKENS,
 ) -> dict[str, Any]:
-    """``{"reference": {...}, "max_id": ..., "sha256": {"train", "val"}}`` of a pair of token files
+    """``{"reference": {...}, "max_id": ..., "bin_sha256": {"train", "val"}}`` of a pair of token files
     (``reference_losses``, plus the largest id in either file: what ``vocab_size`` is checked against, and each
     file's sha256: what the corpus digest of a run is made of)."""
     key = {
@@ -184,7 +184,7 @@ def reference_entry(
     if cached is not None:
         hit = _cached_reference(cached, key, vocab_size, n_train)
         if hit is not None:
-            return {"reference": hit["reference"], "max_id": hit["max_id"], "sha256": hit["sha256"]}
+            return {"reference": hit["reference"], "max_id": hit["max_id"], "bin_sha256": hit["bin_sha256"]}
     n = n_train + token_count(val_path, dtype, "val_path")
     bar = None
     if show_progress:
@@ -202,7 +202,7 @@ def reference_entry(
     entry = {
         "reference": reference_from_counts(train, val),
         "max_id": int(np.flatnonzero(train + val).max()),
-        "sha256": {k: h.hexdigest() for k, h in sha.items()},
+        "bin_sha256": {k: h.hexdigest() for k, h in sha.items()},
     }
     if cached is not None:
         write_json_atomic(cached, seal({"key": key, **entry}))
