@@ -381,14 +381,19 @@ class Checkpoints:
 
     def _seal(self, tmp: Path, step: int, torch_version: str) -> None:
         """Write the manifest (every file's size and sha256) last, and fsync the folders."""
-        from lnblocks import __version__
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            lnblocks_version = version("lnblocks")
+        except PackageNotFoundError:  # a source checkout that is not installed
+            lnblocks_version = "unknown"
 
         files = {}
         for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
             files[str(f.relative_to(tmp))] = {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
         manifest = {
             "format": FORMAT,
-            "lnblocks": __version__,
+            "lnblocks": lnblocks_version,
             "torch": torch_version,
             "identity": self.identity,
             "step": step,
