@@ -166,9 +166,24 @@ def run_row(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
         "z_loss": cfg["train"].get("z_loss", 0.0),
         "rezero": bool(cfg["model"].get("rezero", False)),
         "depth_scaled_norm": bool(cfg["model"].get("depth_scaled_norm", False)),
+        **stability_columns(rec.result.stability),
         "wall_s": rec.time["wall_s"],
         "cpu_s": rec.time["cpu_s"],
         "step_ms": rec.time["step_ms"],
+    }
+
+
+STABILITY_COLUMNS = ("loss_spike_score", "grad_norm_spike_score", "max_update_rms", "var_below_eps")
+
+
+def stability_columns(stability: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``result.stability`` of a record as ``summary.csv`` columns (None for records written before it)."""
+    s = stability or {}
+    return {
+        "loss_spike_score": (s.get("loss") or {}).get("score"),
+        "grad_norm_spike_score": (s.get("grad_norm") or {}).get("score"),
+        "max_update_rms": s.get("max_update_rms"),
+        "var_below_eps": s.get("var_below_eps"),
     }
 
 

@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from lnblocks.study.core.atomic import write_json_atomic, write_text_atomic
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.lm.analysis import grouped, lr_label, mean, run_row, sensitivity_table, warmup_table
+from lnblocks.study.lm.analysis import (
+    STABILITY_COLUMNS,
+    grouped,
+    lr_label,
+    mean,
+    run_row,
+    sensitivity_table,
+    warmup_table,
+)
 from lnblocks.study.lm.config import AnalysisConfig
 from lnblocks.study.lm.init_profile import InitProfile, study_profiles
 
@@ -77,6 +85,37 @@ def profile_table(profiles: list[InitProfile]) -> list[str]:
         profile = " ".join(f"{v:.3f}" for v in layers)
         lines.append(f"| {p.arch} | {p.depth} | {len(p.seeds)} | {profile} | {ratio} |")
     return lines
+
+
+def stability_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: per (arch, depth, warmup), the mean spike scores of the loss and the gradient norm (share of scored
+    steps above the mean + 6 sigma of the previous 128; OLMo-core's StabilityMonitorCallback), the largest update
+    RMS / lr and the mean share of norm inputs with variance under eps; empty for records without them."""
+    scored = [r for r in rows if r.get("loss_spike_score") is not None or r.get("max_update_rms") is not None]
+    if not scored:
+        return []
+    lines = [
+        "## Stability",
+        "",
+        "Spike score: the share of steps whose value exceeds the mean + 6 sigma of the previous 128 (scored once "
+        "128 values are in; after OLMo-core's StabilityMonitorCallback), mean over runs. Update RMS: "
+        "rms(W_after - W_before) / lr per weight group and layer at the diagnostics steps, the largest. Var < eps: the "
+        "mean share of norm input rows (probe batch) whose variance is under the norm's eps.",
+        "",
+        "| arch | depth | warmup | loss spike score | grad-norm spike score | max update RMS | var < eps | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+    for r in scored:
+        groups.setdefault((r["arch"], r["depth"], r["warmup"]), []).append(r)
+    for (arch, depth, warmup), runs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        cells = []
+        for col in STABILITY_COLUMNS:
+            values = [r[col] for r in runs if r.get(col) is not None]
+            value = max(values) if col == "max_update_rms" and values else mean(values) if values else None
+            cells.append(_num(value, 4))
+        lines.append(f"| {arch} | {depth} | {warmup} | " + " | ".join(cells) + f" | {len(runs)} |")
+    return [*lines, ""]
 
 
 def write_summary_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -206,6 +245,7 @@ def render_markdown(
             "",
         ]
         lines += [*profile_table(profiles), ""]
+    lines += stability_section(rows)
     lines += ["## Plots", ""]
     lines += [*(f"![{p.stem}](plots/{p.name})" for p in plots), ""]
     lines += ["Every number above comes from `summary.csv` and `runs/*.json` (per-step losses, per-layer diagnostics)."]

@@ -110,12 +110,16 @@ def resolve_runs(runs: list[RunConfig], show_progress: bool = False) -> list[Run
     part of its id), so a changed corpus makes new runs instead of mixing with the old records."""
     from lnblocks.study.lm.corpus import corpus_digest
 
-    out = []
+    out, digests = [], {}  # corpus -> digest, found once per call
     for run in runs:
         if run.data.source in BUILTIN_SOURCES:
             out.append(run)
-        else:
-            out.append(run.bind_corpus(corpus_digest(run.data.corpus_config(), show_progress=show_progress)))
+            continue
+        corpus = run.data.corpus_config()
+        key = json.dumps(corpus.to_dict(), sort_keys=True)
+        if key not in digests:
+            digests[key] = corpus_digest(corpus, show_progress=show_progress)
+        out.append(run.bind_corpus(digests[key]))
     return out
 
 

@@ -341,18 +341,11 @@ def prepare_corpus(
     return summary
 
 
-_DIGESTS: dict[str, str] = {}  # corpus config (canonical JSON) -> digest, once per process
-
-
 def corpus_digest(cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool = False) -> str:
     """The digest of the prepared corpus ``cfg`` describes (``CorpusSummary.digest``; prepared first if it is not in
-    the cache), found once per process: what ``data.corpus`` of a run holds."""
-    cfg = CorpusConfig.from_dict(cfg, key="data") if not isinstance(cfg, CorpusConfig) else cfg
-    key = json.dumps(cfg.to_dict(), sort_keys=True)
-    if key not in _DIGESTS:
-        summary, _ = _find_or_make(cfg, show_progress, checksums=False, hold=False)
-        _DIGESTS[key] = summary.digest
-    return _DIGESTS[key]
+    the cache, else found by its cache key: a ``stat`` of each input file): what ``data.corpus`` of a run holds."""
+    summary, _ = _find_or_make(cfg, show_progress, checksums=False, hold=False)
+    return summary.digest
 
 
 def open_corpus(
