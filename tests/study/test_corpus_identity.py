@@ -74,5 +74,5 @@ def test_a_pinned_corpus_refuses_another_and_a_worker_refuses_a_changed_one(tmp_
     cfg = study(tmp_path, [str(tmp_path / "src" / "*.txt")])
     run = resolve_runs(load_study(cfg).runs())[0]
     corpus(tmp_path, 3, "dolor sit amet")  # changed after the driver fixed the run's corpus
-    with pytest.raises(ValueError, match="data.corpus: the corpus changed since this run was set up"):
+    with pytest.raises(ValueError, match=r"data\.corpus: the corpus changed since this run was set up"):
         train_run(run, show_progress=False)

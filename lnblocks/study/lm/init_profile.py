@@ -130,8 +130,14 @@ def _readable_config(rec: RunRecord) -> dict[str, Any]:
     corpus = rec.result.corpus
     if rec.config["data"]["source"] in ("shakespeare", "markov") or not corpus:
         return rec.config
-    data = {**rec.config["data"], "source": "tokens", "train_path": corpus["train_path"],
-            "val_path": corpus["val_path"], "token_dtype": corpus["token_dtype"], "vocab_size": corpus["vocab_size"]}
+    data = {
+        **rec.config["data"],
+        "source": "tokens",
+        "train_path": corpus["train_path"],
+        "val_path": corpus["val_path"],
+        "token_dtype": corpus["token_dtype"],
+        "vocab_size": corpus["vocab_size"],
+    }
     return {**rec.config, "data": data}  # fmt: skip
 
 
