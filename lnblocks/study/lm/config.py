@@ -204,7 +204,10 @@ class TrainConfig(Config):
 
     ``checkpoint``: mid-run checkpoints (``lnblocks.study.core.checkpoint.CheckpointConfig``: ``every`` steps and/or
     ``every_s`` seconds, ``keep``, ``dir``; docs/long-runs.md); null: none. A resumed run's record equals the
-    uninterrupted run's, so this key is not part of the run's id.
+    uninterrupted run's, so this key is not part of the run's id. ``deterministic``: deterministic GPU kernels
+    (``torch.use_deterministic_algorithms``, cuDNN deterministic without autotuning, ``CUBLAS_WORKSPACE_CONFIG``,
+    flash-attn's deterministic backward), which a run on CUDA needs to repeat itself bit for bit, and so to resume bit
+    for bit; no effect on CPU, where runs are deterministic already.
     """
 
     steps: int = 300
@@ -227,10 +230,12 @@ class TrainConfig(Config):
     grad_accum: int = 1
     z_loss: float = 0.0
     checkpoint: CheckpointConfig | None = None
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         self._nested("optimizer", OptimizerConfig)
         self._nested("checkpoint", CheckpointConfig, allow_none=True)
+        check_bool("deterministic", self.deterministic)
         self._set("z_loss", check_float("z_loss", self.z_loss, lo=0))
         check_choice("dtype", self.dtype, DTYPES)
         check_bool("compile", self.compile)
@@ -328,6 +333,7 @@ ADDED_KEYS: dict[str, Any] = {
     "data.skip_undecodable": False,
     "data.allow_unused_vocab": False,
     "data.corpus": None,
+    "train.deterministic": False,
 }
 EXECUTION_KEYS = ("train.checkpoint",)
 KEY_VERSIONS: dict[str, tuple[int, tuple[Any, ...] | None, str]] = {}

@@ -4,16 +4,54 @@ state a checkpoint must hold for the resumed run to continue bit for bit (``lnbl
 The next step, the losses and gradient norms read from the device so far and those not read yet (on the device
 until the next ``train.log_every`` read; saved as their exact fp32 values), the diagnostics entries and eval points,
 the expected gradient at init, the divergence monitor, the data sampler's generator, the GradScaler, and the time
-spent by earlier attempts. ``state_dict()`` gives what ``torch.load(weights_only=True)`` reads back.
+spent by earlier attempts. ``state_dict()`` gives what ``torch.load(weights_only=True)`` reads back. And the
+divergence monitor itself (``DivergenceMonitor``, ``detect_divergence``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
+
+
+@dataclass
+class DivergenceMonitor:
+    """Streaming divergence test: a non-finite loss diverges at once; a loss above ``initial + margin`` diverges
+    after ``patience`` consecutive such steps (a single spike is not a divergence). ``step`` is where it fired."""
+
+    margin: float = 3.0
+    patience: int = 10
+    initial: float | None = None
+    step: int | None = None
+    streak: int = field(default=0, repr=False)  # consecutive steps above initial + margin so far
+
+    def update(self, step: int, loss: float) -> bool:
+        """Feed the loss of ``step``; True once the run has diverged."""
+        if self.step is not None:
+            return True
+        if not math.isfinite(loss):
+            self.step = step
+            return True
+        if self.initial is None:
+            self.initial = loss
+        self.streak = self.streak + 1 if loss > self.initial + self.margin else 0
+        if self.streak >= self.patience:
+            self.step = step
+        return self.step is not None
+
+
+def detect_divergence(losses: Sequence[float], margin: float = 3.0, patience: int = 10) -> int | None:
+    """The step at which ``DivergenceMonitor`` fires on ``losses`` (the first is the reference), or None."""
+    mon = DivergenceMonitor(margin=margin, patience=patience)
+    for step, loss in enumerate(losses):
+        if mon.update(step, float(loss)):
+            return mon.step
+    return None
 
 
 @dataclass

@@ -29,8 +29,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,7 +45,7 @@ from lnblocks.study.lm.config import RunConfig, TrainConfig
 from lnblocks.study.lm.curves import CurveLogger
 from lnblocks.study.lm.data import build_source
 from lnblocks.study.lm.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
-from lnblocks.study.lm.loop_state import LoopState
+from lnblocks.study.lm.loop_state import DivergenceMonitor, LoopState
 from lnblocks.study.lm.result import LMResult
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
@@ -81,41 +80,6 @@ def lr_at(
     if schedule == "linear":
         return lr - (lr - lo) * frac
     raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
-
-
-@dataclass
-class DivergenceMonitor:
-    """Streaming divergence test: a non-finite loss diverges at once; a loss above ``initial + margin`` diverges
-    after ``patience`` consecutive such steps (a single spike is not a divergence). ``step`` is where it fired."""
-
-    margin: float = 3.0
-    patience: int = 10
-    initial: float | None = None
-    step: int | None = None
-    streak: int = field(default=0, repr=False)  # consecutive steps above initial + margin so far
-
-    def update(self, step: int, loss: float) -> bool:
-        """Feed the loss of ``step``; True once the run has diverged."""
-        if self.step is not None:
-            return True
-        if not math.isfinite(loss):
-            self.step = step
-            return True
-        if self.initial is None:
-            self.initial = loss
-        self.streak = self.streak + 1 if loss > self.initial + self.margin else 0
-        if self.streak >= self.patience:
-            self.step = step
-        return self.step is not None
-
-
-def detect_divergence(losses: Sequence[float], margin: float = 3.0, patience: int = 10) -> int | None:
-    """The step at which ``DivergenceMonitor`` fires on ``losses`` (the first is the reference), or None."""
-    mon = DivergenceMonitor(margin=margin, patience=patience)
-    for step, loss in enumerate(losses):
-        if mon.update(step, float(loss)):
-            return mon.step
-    return None
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -206,6 +170,28 @@ def forward_backward(
     return total if accum == 1 else total / accum
 
 
+@contextlib.contextmanager
+def deterministic_kernels(on: bool) -> Any:
+    """``train.deterministic``: inside the block, PyTorch picks deterministic kernels or raises
+    (``use_deterministic_algorithms``), cuDNN runs deterministic algorithms without autotuning, cuBLAS gets the fixed
+    workspace it needs (``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless set; it takes effect in a process that has not used
+    cuBLAS yet, as the executors' workers) and flash-attn its deterministic backward; restored afterwards."""
+    if not on:
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             cudnn.deterministic, cudnn.benchmark)  # fmt: skip
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        cudnn.deterministic, cudnn.benchmark = saved[2], saved[3]
+
+
 def _progress(total: int, desc: str, position: int, show: bool) -> Any:
     if not show:
         return contextlib.nullcontext(None)
@@ -226,6 +212,18 @@ def train_run(
     """Train ``run`` and return its record (``RunRecord`` with an ``LMResult``); ``tracker``: where its curves go
     while it trains (``lnblocks.study.core.tracking.open_tracker``); ``checkpoints``: where it saves its state as it
     goes and resumes from (``lnblocks.study.core.checkpoint.Checkpoints``; docs/long-runs.md)."""
+    with deterministic_kernels(run.train.deterministic):
+        return _train(run, dist, show_progress, position, tracker, checkpoints)
+
+
+def _train(
+    run: RunConfig,
+    dist: DistContext | None,
+    show_progress: bool,
+    position: int,
+    tracker: Tracker | None,
+    checkpoints: Checkpoints | None,
+) -> RunRecord:
     from lnblocks.models import GPT
 
     dist = dist or DistContext()
