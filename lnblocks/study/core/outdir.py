@@ -5,7 +5,8 @@ while it trains it.
 ``OUT/runs/<run id>.json`` (one ``RunRecord`` per finished run), ``OUT/runs/<run id>.lock`` (held while a runner
 trains that run: two runners on one folder never train the same run), and whatever the task's report writes. A
 record is written only when its run ends (atomically), so a killed run leaves no partial result: the next runner
-removes the dead process's temp file and redoes that run; a record that fails validation is redone too.
+removes the dead process's temp file and redoes that run (from its newest checkpoint when it has
+``train.checkpoint``: ``OUT/checkpoints/<run id>/``, ``core.checkpoint``); a record that fails validation is redone too.
 """
 
 from __future__ import annotations
