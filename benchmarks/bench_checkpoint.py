@@ -7,6 +7,8 @@
 2. The training step time with ``checkpoint: {every: 50}`` against none, on the demo's shape (configs/base.yaml:
    width 64, depth 3, byte-level Shakespeare, T = 64, batch 16, diagnostics every 10): a ratio in one run, median
    of alternating pairs, and the save time accounted directly (seconds in ``save`` / training seconds). Target < 2%.
+3. The stability monitor's per-step cost: the global gradient norm every step (``stability.grad_norm``, kept on the
+   device) against one forward + backward of the demo shape, depths 3 and 12.
 
     python benchmarks/bench_checkpoint.py [--skip-gpt2] [--depth 3] [--steps 200] [--repeats 3]
 """
@@ -129,6 +131,28 @@ def overhead(root: Path, depth: int, steps: int, repeats: int) -> None:
           f"| {100 * statistics.median(shares):.2f}% |")  # fmt: skip
 
 
+def grad_norm_cost(depths: tuple[int, ...] = (3, 12), reps: int = 200) -> None:
+    from lnblocks.study.lm.stability import grad_norm
+
+    print("\n| depth | grad norm (ms) | forward + backward (ms) | share |\n|---|---|---|---|")
+    for depth in depths:
+        run = RunConfig.from_dict({"model": {"depth": depth, "dim": 64, "n_heads": 4}})
+        model = GPT(run.model.gpt_config(256, 64))
+        x = torch.randint(0, 256, (16, 64), generator=torch.Generator().manual_seed(0))
+        step = []
+        for _ in range(5):
+            t = time.perf_counter()
+            model.zero_grad()
+            model(x, x)[1].backward()
+            step.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(reps):
+            grad_norm(model)
+        norm = (time.perf_counter() - t) / reps
+        s = statistics.median(step)
+        print(f"| {depth} | {1e3 * norm:.3f} | {1e3 * s:.1f} | {100 * norm / s:.2f}% |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--skip-gpt2", action="store_true")
@@ -144,6 +168,7 @@ def main() -> None:
         if not args.skip_gpt2:
             gpt2_checkpoint(root, args.repeats)
         overhead(root, args.depth, args.steps, args.repeats)
+        grad_norm_cost()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
