@@ -278,10 +278,13 @@ class Checkpoints:
         bad = _incompatible(path, manifest, self.identity, self.dist.world_size)
         if bad is not None:
             raise CheckpointError(f"train.checkpoint: {bad}")
-        if manifest.get("step") != step or not isinstance(manifest.get("files"), dict):
+        files = manifest.get("files")
+        if manifest.get("step") != step or not isinstance(files, dict) or not files:
             return "its manifest does not describe this step"
-        for rel, want in manifest["files"].items():
+        for rel, want in files.items():
             f = path / rel
+            if not isinstance(want, dict) or ".." in Path(rel).parts:
+                return f"its manifest's entry for {rel!r} is malformed"
             if not f.is_file():
                 return f"{rel} is missing"
             if f.stat().st_size != want.get("bytes"):
