@@ -80,12 +80,32 @@ def lr_label(lr: float) -> str:
 SWEEP_AXES = {"model.depth": "depth", "train.lr": "lr", "train.warmup": "warmup", "train.seed": "seed"}
 
 
+def arm_label(labels: Mapping[str, str]) -> str | None:
+    """The arm a run's grid labels name: its labels on axes other than depth / lr / warmup / seed, joined by ``/``
+    (``"post"``, ``"pre/rmsnorm"``); None when it has none."""
+    other = [str(v) for k, v in labels.items() if k not in SWEEP_AXES]
+    return "/".join(other) if other else None
+
+
+def check_arm_labels(points: Sequence[Mapping[str, str]]) -> None:
+    """Refuse grid points whose labels differ but name the same arm in the report (``x/y`` + ``z`` and ``x`` +
+    ``y/z`` are both ``x/y/z``): the report would average them into one row."""
+    seen: dict[str, dict[str, str]] = {}
+    for labels in points:
+        arm = arm_label(labels)
+        other = {k: v for k, v in labels.items() if k not in SWEEP_AXES}
+        if arm is not None and seen.setdefault(arm, other) != other:
+            raise ValueError(
+                f"grid: the points {seen[arm]} and {other} would share the arm {arm!r} in the report; rename a label"
+            )
+
+
 def arch_of(rec: RunRecord) -> str:
     """What a run compares: the labels of its grid axes other than depth / lr / warmup / seed (e.g. ``"post"``),
     or its placement (plus the norm kind when it is not LayerNorm)."""
-    other = [str(v) for k, v in rec.labels.items() if k not in SWEEP_AXES]
-    if other:
-        return "/".join(other)
+    arm = arm_label(rec.labels)
+    if arm is not None:
+        return arm
     m = rec.config["model"]
     kind = m["norm"]["kind"]
     return m["placement"] if kind == "layernorm" else f"{m['placement']}+{kind}"

@@ -17,6 +17,7 @@ from lnblocks.config import ConfigTypeError, ConfigValueError
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.study_config import StudyConfig, parse_axis, parse_extra_grids
 from lnblocks.study.core.tasks import RunContext, Task
+from lnblocks.study.lm.analysis import check_arm_labels
 from lnblocks.study.lm.config import BUILTIN_SOURCES, PATH_KEYS, SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
 from lnblocks.study.lm.curves import replay
 from lnblocks.study.lm.report import build_lm_report
@@ -87,7 +88,8 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
         source=source,
         extra_grids=parse_extra_grids(raw.get("extra_grids"), axes, check_key),
     )
-    study.runs()  # every grid point must validate now, not halfway through a sweep
+    runs = study.runs()  # every grid point must validate now, not halfway through a sweep
+    check_arm_labels([r.label_dict for r in runs])
     return study
 
 
