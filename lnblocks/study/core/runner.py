@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
-from lnblocks.study.core.outdir import RunLock, check_record, init_out_dir, pending_runs, record_path
+from lnblocks.study.core.outdir import RunLock, check_record, claim_out_dir, pending_runs, record_path
 from lnblocks.study.core.records import write_record
 from lnblocks.study.core.study_config import StudyConfig, load_study
 from lnblocks.study.core.tasks import Task, get_task
@@ -129,7 +129,20 @@ def _run(
 ) -> int:
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
     ``open_pool(n)``: the executor for ``n`` runs to train."""
-    runs_dir = init_out_dir(study, out)
+    with claim_out_dir(study, out) as runs_dir:  # one study per folder, held until its report is written
+        return _sweep(study, task, out, runs_dir, show, report, open_pool, how)
+
+
+def _sweep(
+    study: StudyConfig,
+    task: Task,
+    out: Path,
+    runs_dir: Path,
+    show: bool,
+    report: bool,
+    open_pool: Callable[[int], Executor],
+    how: str,
+) -> int:
     todo, done, problems = pending_runs(study, runs_dir)
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
