@@ -64,8 +64,12 @@ def load_records(out_dir: str | Path) -> tuple[list[RunRecord], dict[str, Any], 
     return records, manifest, problems
 
 
-def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) -> int:
-    """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record."""
+def build_report(
+    out_dir: str | Path, *, plots: bool = True, echo: bool = True, show_progress: bool | None = None
+) -> int:
+    """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record.
+    ``show_progress``: draw progress bars of the report's own work (default: when stderr is a terminal, as the
+    runner's bars)."""
     out = Path(out_dir)
     records, manifest, problems = load_records(out)
     for line in problems:
@@ -83,4 +87,5 @@ def build_report(out_dir: str | Path, *, plots: bool = True, echo: bool = True) 
     task = manifest.get("task") or tasks[0]
     if tasks != [task]:
         raise RecordError(str(out / "runs"), "task", f"records of several tasks {tasks} in one study folder")
-    return get_task(task).report(out, records, manifest, problems, plots=plots, echo=echo)
+    show = sys.stderr.isatty() if show_progress is None else show_progress
+    return get_task(task).report(out, records, manifest, problems, plots=plots, echo=echo, show_progress=show)

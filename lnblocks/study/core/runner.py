@@ -214,7 +214,7 @@ def _sweep(
     if report:
         from lnblocks.study.core.report import build_report
 
-        code = build_report(out) or code
+        code = build_report(out, show_progress=show) or code
     return code
 
 

@@ -58,8 +58,8 @@ class Task:
 
     - ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study mapping;
     - ``train(run, ctx)``: one run's ``RunRecord`` (the one place a run of this task trains);
-    - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=)``: write the
-      report files from records alone and return an exit code;
+    - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=,
+      show_progress=)``: write the report files from records alone and return an exit code;
     - ``result_type``: the dataclass of ``RunRecord.result`` (with ``CONFIG``/``TIME``/``SPEC``: keys to check);
     - ``path_keys``: dotted option keys whose values are file paths (relative ones resolve against the study file's
       folder), each with the values that are not paths;

@@ -9,6 +9,7 @@ Its runs train with DDP under ``torchrun``, log curves (``lm.curves``) and token
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -109,7 +110,7 @@ def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]
     A corpus too short for a run's ``seq_len`` (or otherwise unfit: ``lnblocks.study.lm.corpus.verify``) fails here."""
     from lnblocks.study.lm.corpus import prepare_corpus
 
-    lines = []
+    lines = [*_degenerate_mix_ln(runs)]
     corpora: dict[str, tuple[Any, int]] = {}  # corpus -> the longest seq_len a run reads from it
     for run in runs:
         if run.data.source not in BUILTIN_SOURCES:
@@ -125,6 +126,23 @@ def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]
             f"vocabulary {s.vocab_size:,}, unigram plateau {s.reference['unigram']:.4f} nats"
         )
     return lines
+
+
+def _degenerate_mix_ln(runs: list[RunConfig]) -> list[str]:
+    """A note per (depth, fraction) at which Mix-LN has one kind of layer only (``floor(fraction * depth)`` is 0 or
+    the depth): those runs are plain Pre-LN (Post-LN), and claim M1 leaves that depth out."""
+    seen = sorted({(r.model.depth, r.model.mix_post_fraction) for r in runs if r.model.placement == "mix_ln"})
+    out = []
+    for depth, fraction in seen:
+        n = math.floor(fraction * depth)
+        if not 0 < n < depth:
+            kind = "Pre-LN" if n == 0 else "Post-LN"
+            out.append(
+                f"note: mix_ln at depth {depth} with mix_post_fraction {fraction:g} has {n} Post-LN layer(s) of "
+                f"{depth} (floor({fraction:g} * {depth})): those runs are plain {kind}, and claim M1 leaves that "
+                "depth out"
+            )
+    return out
 
 
 def outcome(record: RunRecord) -> str:
