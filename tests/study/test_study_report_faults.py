@@ -217,20 +217,23 @@ def test_damaged_records_and_caches_are_named_and_redone(tmp_path: Path, capsys)
     assert run(cfg, out) == 0
     path = next((out / "runs").glob("variant=pre*.json"))
     good = json.loads(path.read_text())
-    for key, bad in (
-        ("diagnostics", [{}]),
-        ("diagnostics", [{**good["result"]["diagnostics"][0], "residual_rms": "x"}]),
-        ("diagnostics", [{**good["result"]["diagnostics"][0], "grad_norm": {"W_2": [1, "a"]}}]),
-        ("init_grad", {"expected": 5}),
-        ("eval", {**good["result"]["eval"], "curve": [[0]]}),
-        ("layer_ablation", {"base": 1.0}),
-        ("reference", {**good["result"]["reference"], "floor": "x"}),
-    ):
-        path.write_text(json.dumps({**good, "result": {**good["result"], key: bad}}))
+    res, config, entry = good["result"], good["config"], good["result"]["diagnostics"][0]
+    for key, damaged in (
+        ("result.diagnostics", {"result": {**res, "diagnostics": [{}]}}),
+        ("result.diagnostics", {"result": {**res, "diagnostics": [{**entry, "residual_rms": "x"}]}}),
+        ("result.diagnostics", {"result": {**res, "diagnostics": [{**entry, "grad_norm": {"W_2": [1, "a"]}}]}}),
+        ("result.init_grad", {"result": {**res, "init_grad": {"expected": 5}}}),
+        ("result.eval", {"result": {**res, "eval": {**res["eval"], "curve": [[0]]}}}),
+        ("result.layer_ablation", {"result": {**res, "layer_ablation": {"base": 1.0}}}),
+        ("result.reference.floor", {"result": {**res, "reference": {**res["reference"], "floor": "x"}}}),
+        ("result.reference.uniform", {"result": {**res, "reference": {**res["reference"], "uniform": 1e6}}}),
+        ("config.train.lr", {"config": {**config, "train": {**config["train"], "lr": 0}}}),
+    ):  # fmt: skip
+        path.write_text(json.dumps({**good, **damaged}))
         capsys.readouterr()
         assert run(cfg, out) == 0
         captured = capsys.readouterr()
-        assert f"warning: {path}: result.{key}" in captured.err and "1 already finished, 1 to run" in captured.out
+        assert f"warning: {path}: {key}" in captured.err and "1 already finished, 1 to run" in captured.out
         assert json.loads(path.read_text())["result"] == good["result"]  # redone, the same numbers
     cache = out / "init_profile.json"
     intact = cache.read_text()

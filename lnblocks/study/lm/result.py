@@ -58,9 +58,20 @@ class LMResult:
     }  # fmt: skip
 
     @classmethod
-    def check_json(cls, result: Mapping[str, Any], source: str) -> None:
+    def check_json(cls, record: Mapping[str, Any], source: str) -> None:
         """What ``SPEC`` cannot say: every diagnostics entry, eval point, init gradient and ablation has the
-        keys and types the report and the curves read; ``RecordError`` naming ``source`` and the key otherwise."""
+        keys and types the report and the curves read, and the numbers the report takes logs or exponents of are
+        in range; ``RecordError`` naming ``source`` and the key otherwise."""
+        result, config = record["result"], record["config"]
+        for key, ok, want in (
+            ("config.train.lr", 0 < config["train"]["lr"] < math.inf, "a finite number > 0"),
+            ("config.model.depth", config["model"]["depth"] >= 1, "an int >= 1"),
+            ("config.train.steps", config["train"]["steps"] >= 1, "an int >= 1"),
+            ("result.reference.uniform", 0 < result["reference"]["uniform"] <= 64 * math.log(2), "ln V, in (0, 44.4]"),
+            ("result.reference.unigram", math.isfinite(result["reference"]["unigram"]), "a finite number"),
+        ):
+            if not ok:
+                raise RecordError(source, key, f"must be {want}")
         if "floor" in result["reference"]:
             check_keys(result["reference"], {"floor": "num?"}, source, "result.reference.")
         for i, point in enumerate(result["eval"]["curve"]):
