@@ -145,6 +145,19 @@ def _degenerate_mix_ln(runs: list[RunConfig]) -> list[str]:
     return out
 
 
+def check_runs(runs: list[RunConfig]) -> None:
+    """Refuse, before any run starts, runs that ask for a device this machine lacks (``train.device: cuda``)."""
+    import torch
+
+    cuda = sorted({r.run_id for r in runs if r.train.device == "cuda"})
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(
+            f"train.device is 'cuda' in {len(cuda)} run(s) (e.g. {cuda[0]}) but this machine has no CUDA device "
+            "(torch.cuda.is_available() is False); use train.device: auto or cpu, or --executor ray on a cluster "
+            "with GPUs"
+        )
+
+
 def outcome(record: RunRecord) -> str:
     r = record.result
     msg = f"diverged at step {r.diverged_step}" if record.status == "diverged" else f"eval loss {r.eval['final']:.3f}"
@@ -161,6 +174,7 @@ TASK = Task(
     path_keys={f"data.{k}": ("bytes",) if k == "tokenizer" else () for k in PATH_KEYS},
     before_runs=before_runs,
     replay_curves=replay,
+    check_runs=check_runs,
     ddp=True,
     upgrade_record=upgrade_record,
 )
