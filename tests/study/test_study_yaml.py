@@ -148,6 +148,8 @@ def test_set_a_key_some_bundles_set_and_sections_as_mappings(tmp_path: Path) -> 
     assert [r.model.init for r in runs] == ["gpt2", "deepnet"]
     runs = load_study(cfg, overrides={"model": {"dim": 8, "depth": 2}}).runs()  # a section: each key it names
     assert [(r.model.dim, r.model.depth, r.model.n_heads) for r in runs] == [(8, 2, 2), (8, 2, 2)]
+    runs = load_study(cfg, overrides={"variant": {"post": {"model.placement": "post"}}}).runs()  # an axis: whole
+    assert [(r.labels, r.model.placement) for r in runs] == [((("variant", "post"),), "post")]
     # a file that sets what one bundle of an inherited named axis sets is not refused either
     child = tmp_path / "child.yaml"
     child.write_text("extends: s.yaml\nmodel: {init: gpt2}\n")

@@ -315,8 +315,9 @@ def _inside(key: str, axis_key: str) -> bool:
     return key == axis_key or key.startswith(axis_key + ".")
 
 
-def _expanded(changes: Mapping[str, Any]) -> dict[str, Any]:
-    """``changes`` with a section given as a mapping (``model={depth: 2}``) as one change per key it names."""
+def _expanded(changes: Mapping[str, Any], axes: Sequence[str]) -> dict[str, Any]:
+    """``changes`` with a section given as a mapping (``model={depth: 2}``) as one change per key it names (a grid
+    axis given a mapping, ``variant={...}``, stays whole: its new bundles)."""
     out: dict[str, Any] = {}
     for key, value in changes.items():
         if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
@@ -328,7 +329,7 @@ def _expanded(changes: Mapping[str, Any]) -> dict[str, Any]:
                 "task": "a study file's task decides what its keys mean; use a study file of the other task",
             }.get(key, "give a grid axis by its own name instead (e.g. --set model.depth=[2, 4])")
             raise ConfigValueError(key, f"cannot be overridden: {why}")
-        if "." not in key and key not in META_KEYS and isinstance(value, dict) and value:
+        if "." not in key and key not in META_KEYS and key not in axes and isinstance(value, dict) and value:
             for sub, v in value.items():
                 if not isinstance(sub, str):
                     raise ConfigValueError(key, f"keys must be strings, got {sub!r}")
@@ -347,7 +348,7 @@ def apply_overrides(
     resolve against the current folder."""
     out = copy.deepcopy(dict(raw))
     grid = out.get("grid") if isinstance(out.get("grid"), dict) else {}
-    for key, value in _expanded(changes).items():
+    for key, value in _expanded(changes, list(grid)).items():
         value = copy.deepcopy(value)
         if key in grid:
             grid[key] = _axis_override(key, grid[key], value)
