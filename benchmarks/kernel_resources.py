@@ -97,9 +97,8 @@ def configs(archs, ns, directions=("fwd", "bwd"), kinds=KINDS, dtypes=DTYPES, va
 
 def kernel_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
     """The kernel and the keyword arguments its launcher would pass, built from ``meta`` tensors."""
-    from lnblocks.kernels.backward import _norm_bwd_kernel, bwd_kernel_args
-    from lnblocks.kernels.forward import _norm_fwd_kernel, fwd_kernel_args
-    from lnblocks.kernels.heuristics import bwd_config
+    from lnblocks.kernels.jit import norm_bwd_kernel, norm_fwd_kernel
+    from lnblocks.kernels.launch import bwd_config, bwd_kernel_args, fwd_kernel_args
     from lnblocks.kernels.plan import make_plan
     from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 
@@ -120,14 +119,14 @@ def kernel_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
         _, kwargs = fwd_kernel_args(
             plan, x, x if residual else None, w, b, seed, x, x if residual else None, None if is_rms else stats, stats
         )
-        return _norm_fwd_kernel, kwargs
+        return norm_fwd_kernel, kwargs
     launch = bwd_config(n, 0, dropout)
     part = meta((132, n), torch.float32)
     kwargs = bwd_kernel_args(
         plan, x, x if residual else None, x, w, seed, None if is_rms else stats, stats, x,
         x if plan.separate_dresidual else None, part, None if is_rms else part, rows_per_program=32, cfg=launch,
     )  # fmt: skip
-    return _norm_bwd_kernel, kwargs
+    return norm_bwd_kernel, kwargs
 
 
 def specialisation(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any], int, int | None]:
@@ -154,7 +153,7 @@ def specialisation(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, str], dic
 def _source_hash() -> str:
     kernels = ROOT / "lnblocks" / "kernels"
     h = hashlib.sha256(triton.__version__.encode())
-    for name in ("_jit_common.py", "forward.py", "backward.py"):
+    for name in ("jit.py", "launch.py"):
         h.update((kernels / name).read_bytes())
     return h.hexdigest()[:16]
 

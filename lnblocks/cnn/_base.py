@@ -68,6 +68,17 @@ def check_input(
         )
 
 
+def empty_output(x: Tensor, *params: Tensor | None) -> Tensor:
+    """The family's output for a zero-size ``x`` (N = 0 or a zero-size spatial dim): ``x``'s shape and dtype, joined
+    to ``x`` and ``params`` so that a backward gives each a zero gradient (torch's ``batch_norm`` does the same), and
+    no statistics computed or updated."""
+    y = x.clone()
+    for p in params:
+        if p is not None:
+            y = y + p.sum().to(y.dtype) * 0  # an empty result: only the graph edge matters
+    return y
+
+
 def check_flags(**flags: object) -> None:
     """Each flag a bool, else ``TypeError`` naming it."""
     for name, flag in flags.items():

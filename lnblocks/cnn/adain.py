@@ -6,6 +6,9 @@ with ``mu_x``, ``var_x`` the content's per-``(n, c)`` mean and *biased* variance
 without affine). The style enters either as a feature map -- then ``mu_s`` and ``sigma_s = sqrt(var_s + eps)`` are
 its per-``(n, c)`` statistics, computed the same way, so ``AdaIN(x, x) == x`` -- or as given ``(mu_s, sigma_s)``
 tensors, used as they are. No learnable parameters, no train/eval difference; gradients flow to content and style.
+``eps = 0`` is allowed: a constant content channel (zero variance) then becomes the style's mean (its normalised
+value is 0, the ``eps -> 0`` limit), not NaN. An empty content (N = 0 or a zero-size spatial dim) gives an empty
+output.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lnblocks.cnn._base import check_eps
-from lnblocks.cnn.functional import check_float_tensor, compute_dtype, moments
+from lnblocks.cnn._base import check_eps, empty_output
+from lnblocks.cnn.functional import check_float_tensor, compute_dtype, inv_std, moments
 
 Style = Tensor | tuple[Tensor, Tensor]
 
@@ -30,8 +33,14 @@ def _style_statistics(style: object, n: int, c: int, ndim: int, eps: float, cdt:
                 f"style: expected a feature map (N, C, *) with C={c} channels, N={n} or 1 and at least one spatial "
                 f"dim, got shape {tuple(style.shape)}"
             )
-        mu, var = moments(style.to(cdt), tuple(range(2, style.dim())))  # (N or 1, C, 1, ...)
+        if math.prod(style.shape[2:]) == 0:
+            raise ValueError(
+                f"style: a feature map needs at least one spatial position, got shape {tuple(style.shape)}"
+            )
         shape = (style.shape[0], c) + (1,) * (ndim - 2)
+        if style.shape[0] == 0:  # an empty batch of styles (for an empty content): no statistics to compute
+            return style.new_zeros(shape, dtype=cdt), style.new_zeros(shape, dtype=cdt)
+        mu, var = moments(style.to(cdt), tuple(range(2, style.dim())))  # (N or 1, C, 1, ...)
         return mu.reshape(shape), torch.sqrt(var + eps).reshape(shape)
     if not (isinstance(style, (tuple, list)) and len(style) == 2):
         raise TypeError(
@@ -63,9 +72,11 @@ def adaptive_instance_norm(content: Tensor, style: Style, eps: float = 1e-5) -> 
         )
     cdt = compute_dtype(content.dtype)
     mu_s, sigma_s = _style_statistics(style, n, c, content.dim(), eps, cdt)
+    if content.numel() == 0:  # the family's zero-size rule: an empty output, joined to content and style
+        return empty_output(content, *(style if isinstance(style, (tuple, list)) else (style,)))
     h = content.to(cdt)
     mu_c, var_c = moments(h, tuple(range(2, content.dim())))  # (N, C, 1, ...)
-    return (sigma_s * (h - mu_c) * torch.rsqrt(var_c + eps) + mu_s).to(content.dtype)
+    return (sigma_s * (h - mu_c) * inv_std(var_c, eps) + mu_s).to(content.dtype)
 
 
 class AdaIN(nn.Module):

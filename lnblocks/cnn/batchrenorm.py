@@ -86,7 +86,9 @@ class BatchRenormBase(NormBase):
         if not self.training:  # eval: BatchNorm with the running statistics
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
         r_max, d_max = self.limits()
-        factor = self._advance()
+        factor = self._advance()  # counted even when empty, as torch's BatchNorm counts it
+        if x.numel() == 0:  # zero-size rule: BatchNorm's empty output, no statistics update
+            return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         count = x.numel() // x.shape[1]
         self._check_batch_statistics(x, count, "(over batch and spatial dims)")
         cdt = compute_dtype(x.dtype)

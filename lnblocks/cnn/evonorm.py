@@ -15,6 +15,10 @@ has no batch statistics, so it does not depend on the batch size and trains and 
 Groups of S0: ``G`` is the largest divisor of ``C`` that is at most ``groups`` (the reference code's rule:
 ``groups=32`` gives 32 groups for C = 64, 16 for C = 16, 24 for C = 48, 1 for a prime C above 32); the attribute
 ``num_groups`` holds the ``G`` in use.
+
+``eps`` must be > 0 (unlike the centred norms of the family, ``x / std`` has no finite limit on a constant map as
+``eps -> 0``). An empty input (N = 0 or a zero-size spatial dim) gives an empty output and leaves B0's running
+variance as it was.
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lnblocks.cnn._base import check_eps, check_input, check_momentum, check_num_features, register_affine
+from lnblocks.cnn._base import (
+    check_eps,
+    check_input,
+    check_momentum,
+    check_num_features,
+    empty_output,
+    register_affine,
+)
 from lnblocks.cnn.functional import channel_view, compute_dtype
 
 
@@ -35,6 +46,11 @@ class _EvoNorm(nn.Module):
         super().__init__()
         self.num_features = check_num_features("num_features", num_features)
         self.eps = check_eps(eps)
+        if self.eps == 0:
+            raise ValueError(
+                f"eps must be > 0 for {type(self).__name__}: its numerator is not centred, so with eps = 0 a "
+                "constant map divides a non-zero value by 0"
+            )
         factory = {"device": device, "dtype": dtype}
         register_affine(self, num_features, True, True, factory)
         self.v = nn.Parameter(torch.empty(num_features, **factory))
@@ -86,6 +102,8 @@ class EvoNormB0(_EvoNorm):
                 f"x: EvoNormB0 needs more than 1 value per channel (over batch and spatial dims) to compute the batch "
                 f"variance in training mode, got shape {tuple(x.shape)}; use a larger input or eval mode"
             )
+        if x.numel() == 0:  # zero-size rule: an empty output, the running variance untouched
+            return empty_output(x, self.weight, self.bias, self.v)
         cdt = compute_dtype(x.dtype)
         hx = x.to(cdt)
         if self.training:
@@ -129,6 +147,8 @@ class EvoNormS0(_EvoNorm):
     def forward(self, x: Tensor) -> Tensor:
         check_input(self, x, (4,), "(N, C, H, W)")
         n, c, h, w = x.shape
+        if x.numel() == 0:  # zero-size rule: an empty output
+            return empty_output(x, self.weight, self.bias, self.v)
         cdt = compute_dtype(x.dtype)
         hx = x.to(cdt)
         grouped = hx.reshape(n, self.num_groups, c // self.num_groups, h, w)  # (N, G, C/G, H, W)

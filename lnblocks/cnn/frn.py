@@ -13,6 +13,9 @@ after FRN can leave a whole channel at zero.
 scalar added to the fixed floor ``eps``; the paper learns epsilon where the maps are 1x1 (fully connected layers),
 since there ``x / sqrt(x^2 + eps)`` is nearly a sign function. ``eps_learned`` starts at 1e-4 (our choice: it has
 to start away from 0, where ``|.|`` passes no gradient).
+
+``eps = 0`` is allowed: an all-zero map (mean square 0) then gives ``y = bias`` (the normalised value 0, the limit
+of ``0 / sqrt(eps)``), not NaN; any other map gives ``x / rms(x)``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lnblocks.cnn._base import check_eps, check_flags, check_input, check_num_features, register_affine, reset_affine
-from lnblocks.cnn.functional import channel_view, compute_dtype
+from lnblocks.cnn._base import (
+    check_eps,
+    check_flags,
+    check_input,
+    check_num_features,
+    empty_output,
+    register_affine,
+    reset_affine,
+)
+from lnblocks.cnn.functional import channel_view, compute_dtype, rsqrt_or_zero
 
 EPS_LEARNED_INIT = 1e-4
 
@@ -61,11 +72,14 @@ class FRN2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_input(self, x, (4,), "(N, C, H, W)")
+        if x.numel() == 0:  # zero-size rule (the mean square of an empty map is NaN, and so would eps's grad be)
+            return empty_output(x, self.weight, self.bias, self.eps_learned)
         cdt = compute_dtype(x.dtype)
         h = x.to(cdt)
         nu2 = h.square().mean((2, 3), keepdim=True)  # (N, C, 1, 1)
         eps = self.eps if self.eps_learned is None else self.eps + self.eps_learned.to(cdt).abs()
-        y = h * torch.rsqrt(nu2 + eps) * channel_view(self.weight.to(cdt), 4) + channel_view(self.bias.to(cdt), 4)
+        inv = torch.rsqrt(nu2 + eps) if self.eps > 0 else rsqrt_or_zero(nu2 + eps)  # eps = 0: an all-zero map -> 0
+        y = h * inv * channel_view(self.weight.to(cdt), 4) + channel_view(self.bias.to(cdt), 4)
         return y.to(x.dtype)
 
 

@@ -56,6 +56,20 @@ def check_float_tensor(name: str, t: object) -> None:
         raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32, float64), got {t.dtype}")
 
 
+def rsqrt_or_zero(total: Tensor) -> Tensor:
+    """``1 / sqrt(total)``, and 0 where ``total`` is 0: the ``eps = 0`` rule of the family. There ``total`` is a
+    variance (or FRN's mean square) of exactly 0, i.e. a constant group (an all-zero map for FRN), whose centred
+    numerator is exactly 0; the result 0 is the ``eps -> 0`` limit of ``(x - mean) / sqrt(var + eps)`` instead of
+    ``0 * inf = NaN``. Finite gradients (the masked entries see ``rsqrt(1)``). Call it only when ``eps`` is 0."""
+    ok = total > 0
+    return torch.where(ok, torch.rsqrt(torch.where(ok, total, torch.ones_like(total))), torch.zeros_like(total))
+
+
+def inv_std(var: Tensor, eps: float) -> Tensor:
+    """``rsqrt(var + eps)``; with ``eps == 0``, ``rsqrt_or_zero(var)`` (a zero-variance group normalises to 0)."""
+    return torch.rsqrt(var + eps) if eps > 0 else rsqrt_or_zero(var + eps)
+
+
 def channel_view(v: Tensor, ndim: int) -> Tensor:
     """A per-channel vector ``(C,)`` as ``(1, C, 1, ..., 1)`` broadcastable against an ``ndim``-D input."""
     return v.reshape((1, -1) + (1,) * (ndim - 2))
@@ -113,6 +127,7 @@ def normalize(
     into ``(groups, C // groups)`` first; a ``1`` in ``dims`` then means the channels inside a group (GroupNorm).
     ``mean``/``var``: precomputed statistics (e.g. running or all-reduced ones), broadcastable against ``x`` (or its
     grouped view); when given, ``dims`` is only checked. Differentiable by autograd, through the statistics too.
+    ``eps`` may be 0: a group of zero variance (a constant one) then normalises to 0 (``inv_std``).
     """
     check_float_tensor("x", x)
     if x.dim() < 2:
@@ -133,7 +148,7 @@ def normalize(
         dims = tuple(d if d == 0 else d + 1 for d in dims)  # the group axis 1 is never reduced
     if mean is None:
         var, mean = torch.var_mean(h, dim=dims, correction=0, keepdim=True)
-    h = (h - mean) * torch.rsqrt(var + eps)
+    h = (h - mean) * inv_std(var, eps)  # eps = 0: a zero-variance group gives 0, not NaN
     h = h.reshape(x.shape)  # (N, C, *)
     if weight is not None:
         h = h * channel_view(weight.to(cdt), x.dim())

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnblocks.cnn._base import check_eps, check_flags, check_num_features, register_affine, reset_affine
+from lnblocks.cnn._base import check_eps, check_flags, check_num_features, empty_output, register_affine, reset_affine
 from lnblocks.cnn.functional import check_float_tensor
 
 
@@ -64,4 +64,6 @@ class GroupNorm(nn.Module):
                 f"x: GroupNorm has num_channels={self.num_channels} but the input has {x.shape[1]} channels "
                 f"(dim 1 of shape {tuple(x.shape)})"
             )
+        if x.numel() == 0:  # zero-size rule (torch's group_norm gives NaN weight grads for an empty spatial dim)
+            return empty_output(x, self.weight, self.bias)
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lnblocks.cnn._base import NormBase
+from lnblocks.cnn._base import NormBase, empty_output
 
 
 class InstanceNormBase(NormBase):
@@ -52,6 +52,9 @@ class InstanceNormBase(NormBase):
         unbatched = x.dim() == self._spatial + 1
         if unbatched:
             x = x.unsqueeze(0)  # (1, C, *)
+        if x.numel() == 0:  # zero-size rule: an empty output, no running statistics (torch raises an IndexError at N=0)
+            y = empty_output(x, self.weight, self.bias)
+            return y.squeeze(0) if unbatched else y
         use_input_stats = self.training or not self.track_running_stats
         if use_input_stats:
             self._check_batch_statistics(x, math.prod(x.shape[2:]), "(over spatial dims)")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lnblocks.cnn._base import NormBase
+from lnblocks.cnn._base import NormBase, empty_output
 from lnblocks.cnn.functional import channel_view, compute_dtype, moments, normalize, update_running_stats
 
 SOURCES = ("in", "ln", "bn")  # the order of the entries of mean_weight and var_weight
@@ -81,7 +81,9 @@ class SwitchableNorm2d(NormBase):
         use_batch_stats = self.training or self.running_mean is None
         if use_batch_stats:
             self._check_batch_statistics(x, n * h * w, "(over batch and spatial dims)")
-        factor = self._advance()
+        factor = self._advance()  # counted even when empty, as torch's BatchNorm counts it
+        if x.numel() == 0:  # zero-size rule: an empty output, no statistics computed or updated
+            return empty_output(x, self.weight, self.bias, self.mean_weight, self.var_weight)
         cdt = compute_dtype(x.dtype)
         mean_in, var_in = moments(x, (2, 3))  # (N, C, 1, 1) each, in cdt
         mean_ln = mean_in.mean(1, keepdim=True)  # (N, 1, 1, 1)

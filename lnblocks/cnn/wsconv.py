@@ -21,6 +21,10 @@ keeps a unit-variance input at unit variance through conv + activation, so no ac
 Both are ``torch.nn.Conv2d`` subclasses: same ctor (plus keyword ``eps``, ``gamma``), ``weight``/``bias`` state_dict
 keys (plus ``gain``), ``padding_mode`` and groups; the raw ``weight`` is the Parameter, ``standardized_weight()``
 what the convolution uses. No statistics of the activations, so no train/eval difference.
+
+``eps = 0`` is allowed: a constant filter (zero variance) then standardizes to 0 (the limit of ``0 / sqrt(eps)``;
+the output is the bias), not NaN. Input sizes follow ``torch.nn.Conv2d``: an empty batch (N = 0) is accepted, a
+zero-size spatial dim is refused (``ValueError`` here, where torch raises its internal error).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from lnblocks.cnn._base import check_eps, check_input
-from lnblocks.cnn.functional import compute_dtype
+from lnblocks.cnn.functional import compute_dtype, inv_std, rsqrt_or_zero
 
 RELU_GAMMA = math.sqrt(2.0 / (1.0 - 1.0 / math.pi))  # 1.7139: std of ReLU(z), z ~ N(0, 1), inverted (2101.08692)
 
@@ -52,6 +56,11 @@ class _StandardizedConv2d(nn.Conv2d):
 
     def forward(self, x: Tensor) -> Tensor:
         check_input(self, x, (3, 4), "(N, C, H, W) or (C, H, W)", "in_channels", channel_dim=-3)
+        if 0 in x.shape[-2:]:
+            raise ValueError(
+                f"x: {type(self).__name__} needs non-empty spatial dims (torch.nn.Conv2d supports only an empty "
+                f"batch), got shape {tuple(x.shape)}"
+            )
         return self._conv_forward(x, self.standardized_weight(), self.bias)
 
 
@@ -85,7 +94,7 @@ class WSConv2d(_StandardizedConv2d):
     def standardized_weight(self) -> Tensor:
         """``(W - mean) / sqrt(var + eps)`` per output filter, in ``weight``'s dtype."""
         mean, var = self._weight_moments()
-        return ((self.weight - mean) * torch.rsqrt(var + self.eps)).to(self.weight.dtype)
+        return ((self.weight - mean) * inv_std(var, self.eps)).to(self.weight.dtype)
 
 
 class ScaledWSConv2d(_StandardizedConv2d):
@@ -131,5 +140,7 @@ class ScaledWSConv2d(_StandardizedConv2d):
         """``gamma * gain * (W - mean) / sqrt(max(fan_in * var, eps))`` per output filter, in ``weight``'s dtype."""
         mean, var = self._weight_moments()
         fan_in = self.weight[0].numel()
-        scale = torch.rsqrt((var * fan_in).clamp_min(self.eps)) * self.gain.to(var.dtype).view(-1, 1, 1, 1)
+        floored = (var * fan_in).clamp_min(self.eps)
+        inv = torch.rsqrt(floored) if self.eps > 0 else rsqrt_or_zero(floored)
+        scale = inv * self.gain.to(var.dtype).view(-1, 1, 1, 1)
         return ((self.weight - mean) * (scale * self.gamma)).to(self.weight.dtype)

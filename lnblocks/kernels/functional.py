@@ -1,7 +1,9 @@
-"""Entry points of the fused kernels: ``fused_add_norm`` (validated public API) and ``run_fused`` (the hot path).
+"""Entry points of the fused kernels: ``fused_add_norm`` (validated public API), ``run_fused`` (the hot path, for
+operands a caller already validated) and ``dropout_mask``.
 
-The call path from a module is four hops: ``Norm.forward`` -> ``run_fused`` -> ``FusedNorm.forward`` (or the
-``lnblocks::norm_fwd`` custom op while compiling) -> ``launch_forward`` -> the Triton kernel.
+A module's cached call reaches the kernel in four hops: ``lnblocks.norms.routing.dispatch`` -> ``run_fused`` ->
+``FusedNorm`` (or the ``lnblocks::norm_fwd`` custom op while compiling) -> ``launch_forward`` -> the Triton kernel.
+DTensor operands (tensor/sequence parallelism) run the same kernels on each rank's local rows (``_run_sharded``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lnblocks.kernels import KERNEL_DTYPES, device_unavailable_reason
+from lnblocks.kernels.launch import launch_keep_mask
 from lnblocks.kernels.ops import FusedNorm, norm_fwd
-from lnblocks.kernels.plan import NormPlan, make_plan
+from lnblocks.kernels.plan import (
+    KERNEL_DTYPES,
+    NormPlan,
+    device_unavailable_reason,
+    is_dtensor,
+    make_plan,
+    sharding_unavailable_reason,
+)
 from lnblocks.norms.spec import NORM_PRESETS, LayerNormSpec, NormSpec, RMSNormSpec, norm_spec
 
 _DTYPE_NAMES = "float16, bfloat16 or float32"
@@ -23,15 +32,9 @@ _DEFAULT_SPEC = LayerNormSpec()
 _NAMED_SPECS = {"layernorm": _DEFAULT_SPEC, "rmsnorm": RMSNormSpec(), **NORM_PRESETS}
 
 
-def plan_for(
-    spec: LayerNormSpec | RMSNormSpec,
-    x_dtype: torch.dtype,
-    residual_dtype: torch.dtype | None,
-    weight_dtype: torch.dtype | None,
-) -> NormPlan:
-    """The plan of a module's call (no dropout, eager output dtype); cached, except while tracing."""
-    plan_fn = make_plan.__wrapped__ if torch.compiler.is_compiling() else make_plan  # dynamo traces the body
-    return plan_fn(spec, x_dtype, residual_dtype, weight_dtype)
+class StaleOperandError(ValueError):
+    """An operand no longer has the shape, dtype or device its call was planned for (a parameter changed in place,
+    e.g. ``weight.data = ...``); a module re-plans once on it, a second failure reaches the caller."""
 
 
 def run_fused(
@@ -43,18 +46,27 @@ def run_fused(
     n: int,
     seed: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Run a planned call on already-validated operands (x: ``(..., *normalized_shape)``, ``n`` elements per row).
+    """Run a planned call on validated operands (x: ``(..., *normalized_shape)``, ``n`` elements per row).
 
-    Returns ``y`` without a residual, else ``(y, new_residual)``, shaped like ``x``. Only what a cached plan cannot
-    vouch for is checked here: the parameters' dtypes and every operand's device (a kernel reading another device's
-    memory would not fail, it would return garbage).
+    Returns ``y`` without a residual, else ``(y, new_residual)``, shaped like ``x``. What a cached plan cannot vouch
+    for is checked on every call, because a kernel reading past a tensor's end or another device's memory would not
+    fail, it would return garbage: the parameters' shape (``n`` elements), dtype (the planned one) and device, and the
+    residual's device. A mismatch raises ``StaleOperandError`` before anything runs.
     """
-    if weight is not None and (weight.dtype != plan.weight_dtype or weight.get_device() != x.get_device()):
-        raise ValueError(_changed("weight", weight, plan.weight_dtype, x))
-    if bias is not None and bias.get_device() != x.get_device():
-        raise ValueError(_changed("bias", bias, bias.dtype, x))
+    if weight is not None and (
+        weight.dtype != plan.weight_dtype or weight.get_device() != x.get_device() or weight.numel() != n
+    ):
+        raise StaleOperandError(_changed("weight", weight, plan.weight_dtype, x, n))
+    if bias is not None and (bias.get_device() != x.get_device() or bias.numel() != n):
+        raise StaleOperandError(_changed("bias", bias, bias.dtype, x, n))
     if residual is not None and residual.get_device() != x.get_device():
-        raise ValueError(_changed("residual", residual, residual.dtype, x))
+        raise StaleOperandError(_changed("residual", residual, residual.dtype, x, None))
+    if type(x) is not Tensor and is_dtensor(x):
+        return _run_sharded(plan, x, residual, weight, bias, n, seed)
+    return _run_local(plan, x, residual, weight, bias, n, seed)
+
+
+def _run_local(plan, x, residual, weight, bias, n, seed):
     x2 = _as_rows(x, n)
     r2 = None if residual is None else _as_rows(residual, n)
     w = None if weight is None else weight.reshape(-1).contiguous()
@@ -67,10 +79,11 @@ def run_fused(
     return y if residual is None else (y, new_residual.view(x.shape))
 
 
-def _changed(name: str, t: Tensor, planned: torch.dtype | None, x: Tensor) -> str:
+def _changed(name: str, t: Tensor, planned: torch.dtype | None, x: Tensor, n: int | None) -> str:
+    size = "" if n is None else f" with {n} elements,"
     return (
-        f"{name}: expected {planned} on {x.device} (the dtype the call was planned for, the device of x), "
-        f"got {t.dtype} on {t.device}"
+        f"{name}: expected {planned}{size} on {x.device} (what the call was planned for, the device of x), "
+        f"got {t.dtype} of shape {tuple(t.shape)} on {t.device}"
     )
 
 
@@ -80,6 +93,50 @@ def _as_rows(t: Tensor, n: int) -> Tensor:
     return t2 if (t2.stride(-1) == 1 or n == 1) else t2.contiguous()
 
 
+# ---- DTensor ---------------------------------------------------------------------------------------------------------
+def _run_sharded(plan, x, residual, weight, bias, n, seed):
+    """The kernels on each rank's local rows of a DTensor ``x`` (what ``local_map`` does, with uneven shards kept).
+
+    A norm is row-wise: with ``x`` sharded on leading (batch/sequence) dims and the parameters replicated, every rank
+    normalises its own rows, nothing is communicated in the forward, and the outputs keep ``x``'s placements. The
+    local weight/bias gradients are partial sums over the local rows: they come back ``Partial`` on the mesh dims that
+    shard x (``Replicate`` on the others), and DTensor all-reduces them when they are used, as for
+    ``torch.nn.LayerNorm`` under ``SequenceParallel``. A residual in
+    other placements is first redistributed to ``x``'s (from ``Replicate`` that is a local slice). What the kernels
+    cannot do locally is refused (``sharding_unavailable_reason``), never gathered.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    reason = sharding_unavailable_reason(x, residual, (("weight", weight), ("bias", bias)), n)
+    if reason is None and plan.dropout_p > 0:
+        reason = "dropout: the keep-mask is keyed by the local row index, which differs from the global one"
+    if reason is not None:
+        raise ValueError(f"the fused kernels cannot run this DTensor call: {reason}")
+    mesh, placements = x.device_mesh, x.placements
+    if residual is not None and residual.placements != placements:
+        residual = residual.redistribute(mesh, placements)
+    # a parameter's local gradient sums this rank's rows: a partial sum over every mesh dim that shards the rows
+    grad = tuple(Partial() if p.is_shard() else Replicate() for p in placements)
+    out = _run_local(
+        plan,
+        x.to_local(),
+        None if residual is None else residual.to_local(),
+        None if weight is None else weight.to_local(grad_placements=grad),
+        None if bias is None else bias.to_local(grad_placements=grad),
+        n,
+        seed,
+    )
+
+    def wrap(local: Tensor, like: Tensor) -> DTensor:
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=like.shape, stride=like.stride())
+
+    if residual is None:
+        return wrap(out, x)
+    y, new_residual = out
+    return wrap(y, x), wrap(new_residual, x)
+
+
+# ---- fused_add_norm: the validated public entry point -------------------------------------------------------------
 def _resolve_spec(spec: NormSpec | str | dict[str, Any] | None) -> LayerNormSpec | RMSNormSpec:
     if spec is None:
         spec = _DEFAULT_SPEC
@@ -115,6 +172,8 @@ def _normalized_shape(x: Tensor, weight: Tensor | None, normalized_shape) -> tup
     """The normalised trailing dims: given, else the weight's shape (which must then end x's shape), else x's last."""
     if normalized_shape is None:
         if not isinstance(weight, Tensor):
+            if x.dim() == 0:
+                raise ValueError("x: expected at least one dimension to normalise, got a 0-d tensor")
             return tuple(x.shape[-1:])
         shape = tuple(weight.shape)
         k = len(shape)
@@ -178,7 +237,9 @@ def fused_add_norm(
       else reads that gradient (Liger#370: it corrupted Gemma2), hence off by default.
     - ``max_block_n``: widest row held in registers (power of two; testing and tuning knob).
 
-    Double backward (``create_graph=True``) is supported: the gradient's graph is built through the reference math.
+    DTensor operands (sharded on batch/sequence dims, parameters replicated) run on each rank's local rows; see
+    ``docs/kernels.md``. Double backward (``create_graph=True``) is supported: the gradient's graph is built through
+    the reference math.
     """
     spec = _resolve_spec(spec)
     _check_tensor("x", x)
@@ -205,17 +266,31 @@ def fused_add_norm(
         raise TypeError(f"out_dtype must be {_DTYPE_NAMES} or None, got {out_dtype}")
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be a bool, got {type(inplace_backward).__name__}")
-    block = _check_max_block_n(max_block_n)
-    plan_fn = make_plan.__wrapped__ if torch.compiler.is_compiling() else make_plan  # dynamo traces the body
-    plan = plan_fn(
+    n = math.prod(shape)
+    if any(is_dtensor(t) for t in (x, residual, weight, bias)):
+        reason = sharding_unavailable_reason(x, residual, (("weight", weight), ("bias", bias)), n)
+        if reason is not None:
+            raise ValueError(f"the fused kernels cannot run this DTensor call: {reason}")
+    plan = make_plan(
         spec,
         x.dtype,
         None if residual is None else residual.dtype,
         None if weight is None else weight.dtype,
         out_dtype,
         float(dropout_p),
-        block,
+        _check_max_block_n(max_block_n),
         inplace_backward,
     )
     seed_t = _seed_tensor(seed, x.device) if dropout_p > 0 else None
-    return run_fused(plan, x, residual, weight, bias, math.prod(shape), seed_t)
+    return run_fused(plan, x, residual, weight, bias, n, seed_t)
+
+
+def dropout_mask(seed: int | Tensor, shape: tuple[int, int], p: float, device: torch.device | str = "cuda") -> Tensor:
+    """Boolean keep-mask ``(M, N)`` that ``fused_add_norm(..., dropout_p=p, seed=seed)`` applies to rows of x.
+
+    Element (row, col) is kept when Philox-4x32-7(seed, row * N + col) / 2^32 >= p; kept values are scaled by
+    ``1 / (1 - p)``.
+    """
+    m, n = shape
+    device = torch.device(device)
+    return launch_keep_mask(_seed_tensor(seed, device), m, n, p, device)

@@ -27,8 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from lnblocks.kernels.backward import launch_backward
-from lnblocks.kernels.forward import launch_forward
+from lnblocks.kernels.launch import launch_backward, launch_forward, launch_keep_mask
 from lnblocks.kernels.plan import NormPlan, plan_from_op_args, schema_args
 from lnblocks.norms import functional as LF
 
@@ -162,11 +161,9 @@ def _reference_backward(ctx, plan: NormPlan, dy, dres_out, needs) -> tuple:
     The saved norm input ``z`` (x, or the new residual, an output of this node) keeps its graph, so second-order
     terms flow back to x, residual, weight and bias exactly as through the torch backend.
     """
-    from lnblocks.kernels.dropout import dropout_mask
-
     z, weight, seed, _mean, _rstd = ctx.saved_tensors
     scale = 1.0 / (1.0 - plan.dropout_p)
-    keep = dropout_mask(seed, tuple(z.shape), plan.dropout_p, z.device) if plan.dropout_p > 0 else None
+    keep = launch_keep_mask(seed, *z.shape, plan.dropout_p, z.device) if plan.dropout_p > 0 else None
     h = z if plan.has_residual or keep is None else z * keep * scale  # the tensor the norm saw: dropout(x) or z
     shape = (z.shape[-1],)
     if plan.is_rms:

@@ -1,23 +1,159 @@
-"""``NormPlan``: every non-tensor argument of a fused call, written once.
+"""What the fused kernels can run, and ``NormPlan``: every non-tensor argument of a call, resolved once.
 
-A plan is what the launchers, the autograd layer and the ``torch.library`` custom ops pass around instead of a long
-argument list: its fields, in order, are the scalar tail of every op's schema (``schema_args``), so adding an option
-is one field here. The dtypes follow the eager convention (``lnblocks.norms.modules.Norm.forward``):
-``new_residual = add_residual(x, r)`` (fp32 when ``residual_in_fp32``, else type promotion); ``y = norm(new_residual)``
-on the rounded new residual; with ``residual_in_fp32`` the output takes the dtype ``norm(x)`` would have. The dtype
-rules themselves live in ``lnblocks.norms.functional`` (``new_residual_dtype``, ``output_dtype``).
+The support rule (``unavailable_reason``, ``sharding_unavailable_reason``) is the one home of "can the kernels run
+this call": kinds, dtypes, devices, DTensor placements. A plan is what the launchers, the autograd layer and the
+``torch.library`` custom ops pass around instead of a long argument list: its fields, in order, are the scalar tail of
+every op's schema (``schema_args``), so adding an option is one field here, and every field is resolved when the plan
+is made (``make_plan``: RMSNorm's ``eps=None`` becomes the number it means there, once). The dtypes follow the eager
+convention (``lnblocks.norms.modules``): ``new_residual = add_residual(x, r)`` (fp32 when ``residual_in_fp32``, else
+type promotion); ``y = norm(new_residual)`` on the rounded new residual; with ``residual_in_fp32`` the output takes
+the dtype ``norm(x)`` would have. The dtype rules themselves live in ``lnblocks.norms.functional``
+(``new_residual_dtype``, ``output_dtype``). Nothing here imports triton or touches CUDA.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
+import math
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from lnblocks.norms import functional as LF
-from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
+from lnblocks.norms.spec import LayerNormSpec, NormSpec, RMSNormSpec
+
+# ---- the support rule ----------------------------------------------------------------------------------------------
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FUSED_KINDS = ("layernorm", "rmsnorm")
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # a file-system lookup, no import
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def triton_installed() -> bool:
+    return _TRITON_INSTALLED
+
+
+def interpreter_enabled() -> bool:
+    """True under ``TRITON_INTERPRET=1``: kernels then run on CPU tensors (slowly; this is how tests run them)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device_unavailable_reason(x: Tensor, name: str = "x") -> str | None:
+    """Why the kernels cannot run on ``x``'s device (None when they can)."""
+    if not x.is_cuda and not interpreter_enabled():
+        return (
+            f"{name} is on {x.device.type}: the Triton kernels run on CUDA tensors, or on CPU only under "
+            "TRITON_INTERPRET=1"
+        )
+    return None
+
+
+def is_dtensor(t: object) -> bool:
+    """``t`` is a ``torch.distributed.tensor.DTensor`` (imported only when a tensor subclass shows up)."""
+    if t is None or type(t) in _PLAIN_TYPES or not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def sharding_unavailable_reason(
+    x: Tensor, residual: Tensor | None, parameters: Iterable[tuple[str, Tensor | None]], n: int
+) -> str | None:
+    """Why the kernels cannot run a call with DTensor operands on each rank's local rows (None when they can).
+
+    They can when every row is whole on one rank: ``x`` sharded on leading (batch or sequence) dims or replicated,
+    ``n`` = elements per row, the parameters replicated on x's mesh and the residual a DTensor on that mesh. An input
+    sharded on a normalised dim is refused rather than gathered (the statistics would need an all-reduce the kernels
+    do not do); so is a ``Partial`` (pending-sum) input, which must be reduced before a non-linear op.
+    """
+    if not is_dtensor(x):
+        sharded = next((label for label, t in (("residual", residual), *parameters) if is_dtensor(t)), None)
+        if sharded is None:
+            return None
+        return (
+            f"{sharded} is a DTensor but x is a plain tensor. A norm under FSDP2 must be called as a module, "
+            "norm(x), not norm.forward(x): its all-gather runs in __call__'s hooks (pytorch#157209)"
+        )
+    mesh = x.device_mesh
+    k = _row_dims(tuple(x.shape), n)
+    for i, p in enumerate(x.placements):
+        if p.is_partial():
+            return (
+                f"x is Partial on mesh dim {i} (a pending sum): reduce it first, e.g. "
+                "x.redistribute(placements=[Shard(1)])"
+            )
+        if p.is_shard() and p.dim % x.dim() >= x.dim() - k:
+            return (
+                f"x is sharded on dim {p.dim % x.dim()}, a normalised dim of shape {tuple(x.shape)}: each rank "
+                "needs whole rows (shard the batch or sequence dim instead; SequenceParallel: Shard(1))"
+            )
+    for label, t in (("residual", residual), *parameters):
+        if t is None:
+            continue
+        if not is_dtensor(t):
+            return (
+                f"{label} is a plain tensor while x is a DTensor: distribute it on x's mesh too (for a norm module: "
+                "parallelize_module(norm, mesh, SequenceParallel()) replicates its parameters)"
+            )
+        if t.device_mesh != mesh:
+            return f"{label} is on another device mesh than x ({t.device_mesh} vs {mesh})"
+        if label != "residual" and not all(p.is_replicate() for p in t.placements):
+            return (
+                f"{label} has placements {tuple(t.placements)}: a norm's parameters must be replicated where it runs "
+                "(FSDP2 gathers them in the module's __call__; under tensor parallelism use SequenceParallel)"
+            )
+    return None
+
+
+def _row_dims(shape: tuple[int, ...], n: int) -> int:
+    """How many trailing dims of ``shape`` hold one row of ``n`` elements (the fewest that do)."""
+    for k in range(1, len(shape) + 1):
+        if math.prod(shape[-k:]) == n:
+            return k
+    return len(shape)
+
+
+def unavailable_reason(
+    spec: NormSpec,
+    x: Tensor,
+    name: str = "x",
+    *,
+    residual: Tensor | None = None,
+    parameters: Iterable[tuple[str, Tensor]] = (),
+    row_numel: int | None = None,
+) -> str | None:
+    """Why the fused kernel cannot run ``spec`` on ``x`` (and ``residual``, and the module's ``parameters``), or
+    None when it can; ``name`` is how messages call ``x``, ``row_numel`` the elements per row (default: the last
+    dim). The one home of the kernel-support rule."""
+    if spec.kind not in FUSED_KINDS:
+        return f"there is no fused kernel for norm kind {spec.kind!r}"
+    if not _TRITON_INSTALLED:
+        return "triton is not installed (pip install triton; Linux only)"
+    parameters = list(parameters)
+    for label, t in ((name, x), ("residual", residual)):
+        if t is None:
+            continue
+        reason = device_unavailable_reason(t, label)
+        if reason is not None:
+            return reason
+        if t.dtype not in KERNEL_DTYPES:
+            return f"{label} is {t.dtype}; the kernels take float16, bfloat16 or float32"
+    for label, p in parameters:
+        if p is not None and p.dtype not in KERNEL_DTYPES:
+            return f"{label} is {p.dtype}; the kernels take float16, bfloat16 or float32 parameters"
+    if any(is_dtensor(t) for t in (x, residual, *(p for _, p in parameters))):
+        n = row_numel if row_numel is not None else (x.shape[-1] if x.dim() else 1)
+        return sharding_unavailable_reason(x, residual, parameters, n)
+    return None
+
+
+# ---- the plan ------------------------------------------------------------------------------------------------------
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -30,10 +166,10 @@ ROUND_NONE, ROUND_TO_INPUT, ROUND_TO_WEIGHT = 0, 1, 2
 class NormPlan:
     """The non-tensor arguments of one fused call (its tensors: x, residual, weight, bias, seed).
 
-    ``cast``: the RMSNorm cast order (``"fp32"`` for LayerNorm). ``x_dtype``/``residual_dtype``/``weight_dtype``:
-    the operands' dtypes (None: absent), which fix the gradients' dtypes. ``out_dtype``: dtype of ``y``.
-    ``max_block_n``: widest row held in registers (0: the heuristic's choice). ``inplace_backward``: write dx into
-    the incoming gradient of ``y``.
+    ``eps``: the number added to the variance (already resolved). ``cast``: the RMSNorm cast order (``"fp32"`` for
+    LayerNorm). ``x_dtype``/``residual_dtype``/``weight_dtype``: the operands' dtypes (None: absent), which fix the
+    gradients' dtypes. ``out_dtype``: dtype of ``y``. ``max_block_n``: widest row held in registers (0: the
+    heuristic's choice). ``inplace_backward``: write dx into the incoming gradient of ``y``.
     """
 
     is_rms: bool
@@ -101,7 +237,6 @@ def plan_from_op_args(*args) -> NormPlan:
     return NormPlan(*args)
 
 
-@functools.lru_cache(maxsize=1024)
 def make_plan(
     spec: LayerNormSpec | RMSNormSpec,
     x_dtype: torch.dtype,
@@ -112,18 +247,26 @@ def make_plan(
     max_block_n: int = 0,
     inplace_backward: bool = False,
 ) -> NormPlan:
-    """The plan of a call with these operand dtypes; ``out_dtype=None`` picks what the eager module returns."""
+    """The plan of a call with these operand dtypes; ``out_dtype=None`` picks what the eager module returns.
+
+    Cached (a module plans once per operand dtypes), except while torch.compile traces: dynamo traces the body.
+    """
+    build = _build_plan if torch.compiler.is_compiling() else _cached_plan
+    return build(spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward)
+
+
+def _build_plan(spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward):
     is_rms = spec.kind == "rmsnorm"
     cast = spec.cast if is_rms else "fp32"
-    if out_dtype is None:
-        # with residual_in_fp32 the fp32 stream does not change what the branch sees: the dtype norm(x) returns
-        base = x_dtype
-        if residual_dtype is not None and not spec.residual_in_fp32:
-            base = LF.new_residual_dtype(x_dtype, residual_dtype, False)
-        out_dtype = LF.output_dtype(spec.kind, cast, base, weight_dtype)
-    plan = NormPlan(
+    norm_dtype = x_dtype  # what the norm sees: x, or the new residual
+    if residual_dtype is not None:
+        norm_dtype = LF.new_residual_dtype(x_dtype, residual_dtype, spec.residual_in_fp32)
+    # with residual_in_fp32 the fp32 stream does not change what the branch sees: y takes the dtype norm(x) has
+    branch_dtype = x_dtype if spec.residual_in_fp32 else norm_dtype
+    return NormPlan(
         is_rms=is_rms,
-        eps=0.0,
+        # RMSNorm's eps=None: machine epsilon of the dtype the norm computes in (the one rule, in the reference math)
+        eps=float(LF.resolve_rms_eps(spec.eps, norm_dtype) if is_rms else spec.eps),
         zero_centered=spec.zero_centered,
         cast=cast,
         residual_in_fp32=spec.residual_in_fp32,
@@ -131,9 +274,10 @@ def make_plan(
         x_dtype=x_dtype,
         residual_dtype=residual_dtype,
         weight_dtype=weight_dtype,
-        out_dtype=out_dtype,
+        out_dtype=LF.output_dtype(spec.kind, cast, branch_dtype, weight_dtype) if out_dtype is None else out_dtype,
         max_block_n=int(max_block_n),
         inplace_backward=inplace_backward,
     )
-    # eps=None: machine epsilon of the compute dtype (fp32's for half inputs), as eager and F.rms_norm use
-    return dataclasses.replace(plan, eps=float(LF.resolve_rms_eps(spec.eps, plan.norm_dtype)))
+
+
+_cached_plan = functools.lru_cache(maxsize=1024)(_build_plan)

@@ -18,7 +18,10 @@ from lnblocks.blocks import AttentionStats, Block, KVCache, Stream, rope_cache
 from lnblocks.config import check_bool, check_float, check_int
 from lnblocks.models.config import GPTConfig
 from lnblocks.models.init import init_weights
+from lnblocks.models.loss import check_targets, lm_head_loss
 from lnblocks.norms import build_norm
+
+IGNORE_INDEX = -100  # targets equal to it are skipped, as in F.cross_entropy and HF
 
 
 class GPT(nn.Module):
@@ -112,26 +115,46 @@ class GPT(nn.Module):
         return self.final_norm(s.hidden, residual=s.residual)[0]  # fuses the last block's pending add
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, *, return_hidden: bool = False
-    ) -> tuple[Tensor, Tensor | None] | tuple[Tensor, Tensor | None, list[Tensor]]:
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        *,
+        return_hidden: bool = False,
+        return_logits: bool = True,
+        z_loss: float = 0.0,
+        head_stats: bool | None = None,
+    ) -> tuple[Any, Tensor | None] | tuple[Any, Tensor | None, list[Tensor]]:
         """``idx``: ``(B, T)`` token ids. Returns ``(logits, loss)``: logits ``(B, T, vocab_size)`` in the model dtype;
         loss the mean fp32 cross-entropy against ``targets`` ``(B, T)`` (entries -100 ignored), or None.
 
+        ``return_logits=False``: the LM head and the loss in chunks of rows (``lnblocks.models.loss.lm_head_loss``),
+        never holding the ``(B, T, V)`` logits; returns ``(LMHeadStats, loss)``, the stats carrying the z-loss
+        term (``z_loss`` its coefficient, 0 off) and, with ``head_stats`` (default: without targets), the max
+        logit and per-position log Z. The loss is today's within float summation order (see that module).
         ``return_hidden=True`` adds a third item: ``n_layers + 1`` tensors ``(B, T, C)``, the residual stream after
         the embedding and after each block (before any final norm; for ResiDual the post-norm stream).
         """
         self._check_idx(idx, 0)
-        if targets is not None and (not isinstance(targets, Tensor) or targets.shape != idx.shape):
-            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
-            raise ValueError(f"targets must be a tensor of shape {tuple(idx.shape)} like idx, got {got}")
-        hidden: list[Tensor] | None = [] if return_hidden else None
-        logits = self.lm_head(self._trunk(idx, 0, None, hidden))  # (B, T, V)
-        loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+            targets = check_targets(targets, tuple(idx.shape), self.config.vocab_size, IGNORE_INDEX)
+        check_bool("return_logits", return_logits)
+        if return_logits and (z_loss or head_stats):
+            raise ValueError(
+                "z_loss and head_stats come from the chunked head: pass return_logits=False (with logits, compute "
+                "them from the logits)"
+            )
+        hidden: list[Tensor] | None = [] if return_hidden else None
+        x = self._trunk(idx, 0, None, hidden)  # (B, T, C)
+        if return_logits:
+            first: Any = self.lm_head(x)  # (B, T, V)
+            loss = None
+            if targets is not None:
+                loss = F.cross_entropy(first.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+        else:
+            loss, first = lm_head_loss(x, self.lm_head.weight, targets, z_loss=z_loss, stats=head_stats)
         if return_hidden:
-            return logits, loss, hidden
-        return logits, loss
+            return first, loss, hidden
+        return first, loss
 
     # ---- generation -----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -157,6 +180,12 @@ class GPT(nn.Module):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self._check_idx(idx, max_new_tokens)
+        bidirectional = [i for i, b in enumerate(self.config.layers) if not b.attention.causal]
+        if bidirectional:
+            raise ValueError(
+                f"generate needs causal attention: layers {bidirectional} have attention.causal=False (a token "
+                "would see the ones after it, and the KV cache would give other tokens than a full recompute)"
+            )
         if idx.shape[1] == 0:
             raise ValueError(
                 f"idx must hold at least one token per row to continue (shape (B, T) with T >= 1), got "

@@ -8,10 +8,12 @@ option an HF family cannot express is reported by name instead of exported silen
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Any
 
 from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
 from lnblocks.models.config import GPTConfig
+from lnblocks.models.export_rules import BACKEND, COMPARED, FP32_SAME, INIT_ONLY, block_key_rule, rule
 from lnblocks.norms import MODEL_FAMILIES, NORM_PRESETS
 from lnblocks.norms.families import family_of_model_type
 
@@ -134,6 +136,10 @@ def config_from_hf(hf_config: Any) -> GPTConfig:
     return _gpt2_to_lnblocks(hf_config) if converter == "gpt2" else _llama_to_lnblocks(hf_config, family)
 
 
+# Block keys that export exactly by zero-filling: a bias the family has and lnblocks does not.
+_ZERO_FILLED = ("attention.qkv_bias", "attention.out_bias", "mlp.bias")
+
+
 # ---- lnblocks -> HF ---------------------------------------------------------------------------------------------
 def _token_ids(vocab_size: int) -> dict[str, Any]:
     # HF warns when the default special ids fall outside a small vocabulary; leave them unset there.
@@ -215,37 +221,35 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: d}
 
 
-# Fields that change nothing an HF model computes in fp32 (backends), or that export exactly by zero-filling.
-_IGNORED = ("attention.backend", "norm.backend", "norm.residual_in_fp32", "qk_norm.backend", "qk_norm.residual_in_fp32")
-_ZERO_FILLED = ("attention.qkv_bias", "attention.out_bias", "mlp.bias")
-
-
-def _canonical(b: BlockConfig) -> dict[str, Any]:
+def _canonical(b: BlockConfig, half: bool) -> dict[str, Any]:
+    """``b`` flattened to dotted keys, with defaults resolved and the keys its export rule leaves out dropped."""
     d = _flatten(b.to_dict())
     d["attention.head_dim"] = b.head_dim
     d["attention.n_kv_heads"] = b.attention.kv_heads
     d["mlp.hidden_dim"] = b.mlp_hidden_dim
     d["attention.scale"] = b.attention.scale if b.attention.scale is not None else b.head_dim**-0.5
-    for key in ("norm.cast", "qk_norm.cast"):
-        if d.get(key) == "fp32":
-            d[key] = "llama"  # identical math in fp32; in half precision they differ by one rounding
-    for key in _IGNORED:
-        d.pop(key, None)
+    for key in list(d):
+        decision = block_key_rule(key)
+        if key.endswith(".cast"):  # compared, with 'fp32' = 'llama' for fp32 weights (one rounding apart in half)
+            d[key] = "llama" if d[key] == "fp32" and not half else d[key]
+        elif decision in (BACKEND, INIT_ONLY) or (decision == FP32_SAME and not half):
+            del d[key]
     return d
 
 
-def config_diff(expected: GPTConfig, actual: GPTConfig, family: str) -> list[str]:
-    """Human-readable differences between what ``family`` can express and ``actual``."""
+def config_diff(expected: GPTConfig, actual: GPTConfig, family: str, half: bool = False) -> list[str]:
+    """Human-readable differences between what ``family`` can express and ``actual``, field by field as
+    ``lnblocks.models.export_rules`` decides; ``half``: the weights are fp16/bf16 (fp32-only equalities end)."""
     problems = []
-    for name in ("vocab_size", "max_seq_len", "n_layers", "positions", "tie_weights", "emb_dropout", "emb_norm"):
-        if getattr(expected, name) != getattr(actual, name):
-            problems.append(f"{name}={getattr(actual, name)!r} ({family} needs {getattr(expected, name)!r})")
+    for f in fields(GPTConfig):
+        if rule(GPTConfig, f.name) == COMPARED and getattr(expected, f.name) != getattr(actual, f.name):
+            problems.append(f"{f.name}={getattr(actual, f.name)!r} ({family} needs {getattr(expected, f.name)!r})")
     if expected.positions == "rope" and expected.rope_theta != actual.rope_theta:
         problems.append(f"rope_theta={actual.rope_theta!r} ({family} needs {expected.rope_theta!r})")
     if expected.uses_final_norm != actual.uses_final_norm:
         problems.append(f"final norm {actual.uses_final_norm} ({family} needs {expected.uses_final_norm})")
     for i, (e, a) in enumerate(zip(expected.layers, actual.layers)):
-        de, da = _canonical(e), _canonical(a)
+        de, da = _canonical(e, half), _canonical(a, half)
         for key in sorted(set(de) | set(da)):
             ve, va = de.get(key), da.get(key)
             if ve == va or (key in _ZERO_FILLED and ve is True and va is False):

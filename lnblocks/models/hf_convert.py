@@ -112,7 +112,8 @@ def to_hf(gpt: GPT, family: str | None = None) -> Any:
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choices: {list(FAMILIES)}")
     hf_cfg = hf_config(transformers, cfg, family)
-    problems = config_diff(config_from_hf(hf_cfg), cfg, family)
+    half = next(gpt.parameters()).dtype in (torch.float16, torch.bfloat16)
+    problems = config_diff(config_from_hf(hf_cfg), cfg, family, half=half)
     if problems:
         raise ValueError(f"cannot export to {family}: " + "; ".join(problems))
     model_cls = getattr(transformers, MODEL_FAMILIES[family].hf_lm_class)

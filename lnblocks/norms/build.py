@@ -13,6 +13,7 @@ from lnblocks.norms.spec import NormSpec, norm_spec
 
 def build_norm(
     kind: str | NormSpec | dict[str, Any],
+    /,
     dim: int | Sequence[int] | None,
     *,
     device: torch.device | str | None = None,
@@ -24,7 +25,7 @@ def build_norm(
     a spec dataclass, or a config dict ``{"kind": ..., **options}``.
 
     ``options`` override spec fields (``build_norm("rmsnorm", 512, eps=1e-6, cast="llama")``); an unknown kind or
-    option raises ``ValueError`` listing the valid ones.
+    option raises ``ValueError`` listing the valid ones, and so does a ``kind=`` option naming another kind.
     """
     spec = norm_spec(kind, **options)
     if dim is None and spec.kind != "none":

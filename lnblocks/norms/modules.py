@@ -1,22 +1,22 @@
-"""``nn.Module`` wrappers: parameters, input checks, backend choice, and the fused-residual call convention.
+"""``nn.Module`` wrappers: parameters, and the fused-residual call convention; the math is elsewhere.
 
-The math lives in ``lnblocks.norms.functional``; the fused kernels in ``lnblocks.kernels``. Every module here accepts
-``norm(x)`` -> ``y`` and ``norm(x, residual=r)`` -> ``(y, x + r)``, where ``y = norm(x + r)``: the pre-norm hot path,
-which ``backend="triton"`` runs as one kernel.
+The math lives in ``lnblocks.norms.functional``, the fused kernels in ``lnblocks.kernels``, and how a call picks
+between them (checks, backend choice, the per-module route cache) in ``lnblocks.norms.routing``. Every module here
+accepts ``norm(x)`` -> ``y`` and ``norm(x, residual=r)`` -> ``(y, x + r)``, where ``y = norm(x + r)``: the pre-norm
+hot path, which ``backend="triton"`` runs as one kernel.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.compiler import is_compiling, is_dynamo_compiling
 
 from lnblocks.norms import functional as LF
+from lnblocks.norms import routing
 from lnblocks.norms.spec import (
     Backend,
     CastMode,
@@ -28,7 +28,6 @@ from lnblocks.norms.spec import (
     ScaleNormSpec,
 )
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Single-threaded CPU inference of half-precision inputs to norms written as several eager ops (RMSNorm, DyT,
 # ScaleNorm) runs over blocks of rows of about this many fp32 bytes, so the fp32 intermediates stay in cache instead of
 # being fresh multi-MB allocations. Each row sees the same ops, so outputs are bit-identical. benchmarks/README.md has
@@ -38,75 +37,28 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CPU_BLOCK_BYTES = 1 << 20
 
 
-def _is_int(d: object) -> bool:
-    return isinstance(d, numbers.Integral) and not isinstance(d, bool)  # numpy ints too, as torch.nn.LayerNorm
-
-
-def _as_shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
-    if _is_int(normalized_shape):
-        shape: tuple = (normalized_shape,)
-    elif isinstance(normalized_shape, Sequence) and not isinstance(normalized_shape, str):
-        shape = tuple(normalized_shape)
-    else:
-        shape = ()
-    if not shape or not all(_is_int(d) for d in shape):
-        raise TypeError(f"normalized_shape must be an int or a non-empty sequence of ints, got {normalized_shape!r}")
-    shape = tuple(int(d) for d in shape)
-    if any(d <= 0 for d in shape):
-        raise ValueError(f"normalized_shape must have positive sizes, got {shape}")
-    return shape
-
-
-def _check_float_tensor(name: str, t: object) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32, float64), got {t.dtype}")
-
-
-_TORCH, _TRITON = "torch", "triton"
-_MISSING = object()
-_kernels_functional = None  # lnblocks.kernels.functional, imported on the first fused call (it imports triton)
-
-
-def _fused_runner():
-    global _kernels_functional
-    if _kernels_functional is None:
-        from lnblocks.kernels import functional
-
-        _kernels_functional = functional
-    return _kernels_functional
-
-
 class Norm(nn.Module):
-    """Base class: holds the spec, checks inputs, picks the backend, applies the fused-residual convention.
+    """Base class: holds the spec, the tensors the math reads, and the call convention.
 
     ``last_backend`` is the backend of the latest eager call (``"torch"`` or ``"triton"``); ``backend_for(x)``
-    says which one a call with ``x`` would use without running it.
-
-    Per-call cost: the full checks and the backend choice run once per (dtype, device kind) of the operands and the
-    decision is cached (``_routes``; cleared when parameters move or are replaced); every call still checks the
-    shapes, so a wrong shape is an error, never a broadcast (benchmarks/bench_norm_overhead.py: within 1 µs of
-    HF's ``LlamaRMSNorm``).
+    says which one a call with ``x`` would use without running it. Inputs and parameters are checked in full once
+    per kind of call, and again whenever a parameter or the spec is replaced (``lnblocks.norms.routing``).
     """
 
-    spec: NormSpec
+    _vectors: tuple[str, ...] = ()  # tensors of shape normalized_shape the math reads (weight, bias), None if absent
+    _scalars: tuple[str, ...] = ()  # one-element tensors the math reads (DyT's alpha, ScaleNorm's scale)
+    _fused_kernel: bool = False  # lnblocks.kernels runs this kind
     _row_blocks_on_cpu: bool = False  # multi-op eager math that gains from running over cache-sized row blocks
-    _has_bias: bool = False  # the module registers a ``bias`` (possibly None) that the fused kernel takes
 
     def __init__(self, normalized_shape: int | Sequence[int] | None, spec: NormSpec) -> None:
         super().__init__()
-        # routes[is_cuda][key]: key = x.dtype, or (x.dtype, residual.dtype) with a residual (nested containers keyed
-        # by plain objects: a lookup is ~0.1 µs, where a tuple key built per call costs several times that)
-        self._routes: tuple[dict, dict] = ({}, {})
+        self._routes = routing.RouteCache()
         self.spec = spec
-        self.normalized_shape = None if normalized_shape is None else _as_shape(normalized_shape)
+        self.normalized_shape = None if normalized_shape is None else LF.as_normalized_shape(normalized_shape)
         shape = self.normalized_shape or ()
-        # The per-call shape check of the cached path is `x.shape[-1] != _last_dim` (~0.2 µs); a multi-dim or absent
-        # normalized_shape sets it to None, which never matches, so those calls always take the full checks.
+        # A cached route needs the one trailing dim it checks per call; multi-dim or absent shapes are never cached.
         self._last_dim = shape[0] if len(shape) == 1 else None
         self._row_numel = math.prod(shape) if shape else 0
-        self.last_backend: str | None = None
 
     @classmethod
     def from_spec(cls, spec: NormSpec, normalized_shape: int | Sequence[int] | None, **factory: Any) -> Norm:
@@ -122,105 +74,42 @@ class Norm(nn.Module):
         param = nn.Parameter(torch.empty(self.normalized_shape, **factory)) if enabled else None
         self.register_parameter(name, param)
 
-    # ---- cached routing: a new spec, and parameters that move or are replaced, invalidate the decisions -----------
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "spec":  # e.g. lnblocks.hf updating eps or backend on a patched module
-            self._clear_routes()
-        super().__setattr__(name, value)
+    @property
+    def spec(self) -> NormSpec:
+        """What the norm computes (a frozen spec); assigning another one (``lnblocks.hf`` does, when a patched
+        module's eps changes) clears the cached routes, so the next call is checked and planned for it."""
+        return self._spec
 
-    def register_parameter(self, name: str, param: nn.Parameter | None) -> None:
-        self._clear_routes()
-        super().register_parameter(name, param)
-
-    def _apply(self, fn, recurse: bool = True):  # .to(), .cuda(), .half(), ...
-        self._clear_routes()
-        return super()._apply(fn, recurse)
-
-    def _clear_routes(self) -> None:
-        for routes in self.__dict__.get("_routes", ()):
-            routes.clear()
+    @spec.setter
+    def spec(self, spec: NormSpec) -> None:
+        self._spec = spec
+        self._routes.clear()
 
     @property
     def backend(self) -> str:
         return self.spec.backend
 
-    # ---- backend choice -------------------------------------------------------------------------------------
+    @property
+    def last_backend(self) -> str | None:
+        return self._routes.last_backend
+
     def backend_for(self, x: Tensor, residual: Tensor | None = None) -> str:
         """The backend a call on ``x`` (and ``residual``) runs: ``"torch"`` or ``"triton"``; raises if ``"triton"``
         was asked for and cannot run."""
-        if self.spec.backend == "torch" or (self.spec.backend == "auto" and not x.is_cuda):
-            return _TORCH
-        from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
+        return routing.backend_for(self, x, residual)
 
-        reason = unavailable_reason(self.spec, x, residual=residual, parameters=self.named_parameters())
-        if self.spec.backend == "triton":
-            if reason is not None:
-                raise ValueError(f"backend='triton' cannot run here: {reason}. Use backend='auto' or 'torch'.")
-            return _TRITON
-        return _TRITON if reason is None else _TORCH
+    # ``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the function itself, not a wrapper (one call
+    # less per forward; benchmarks/bench_norm_overhead.py)
+    forward = routing.dispatch
 
-    def _route(self, x: Tensor, residual: Tensor | None) -> tuple[str, Any, Any]:
-        """Check the operands fully and decide how calls like this one run: ``(backend, function, fused plan)``.
-
-        Cached per (dtype, is_cuda) of x and residual unless tracing; ``forward`` repeats only the shape checks.
-        """
-        self._check_inputs(x, residual)
-        backend = self.backend_for(x, residual)
-        if backend == _TRITON:
-            weight = self.weight
-            plan = _fused_runner().plan_for(
-                self.spec,
-                x.dtype,
-                None if residual is None else residual.dtype,
-                None if weight is None else weight.dtype,
-            )
-            route = (_TRITON, _fused_runner().run_fused, plan)
-        elif residual is not None:
-            route = (_TORCH, self._add_and_normalize, None)
-        elif self._row_blocks_on_cpu and not x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
-            route = (_TORCH, self._normalize_rows, None)
-        else:
-            route = (_TORCH, self._normalize, None)
-        if not is_compiling() and self._last_dim is not None:  # (see __init__: no fast path without one)
-            key = x.dtype if residual is None else (x.dtype, residual.dtype)
-            self._routes[x.is_cuda][key] = route
-        return route
-
-    # ---- forward ---------------------------------------------------------------------------------------------
-    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-        if is_dynamo_compiling():  # (a plain `return False` in eager: the cheapest such test)
-            backend, fn, plan = self._route(x, residual)  # traced as written; nothing cached in a graph
-        else:
-            try:  # the cached decision for this kind of call, and the shape checks every call needs
-                if residual is None:
-                    backend, fn, plan = self._routes[x.is_cuda][x.dtype]
-                else:
-                    backend, fn, plan = self._routes[x.is_cuda][x.dtype, residual.dtype]
-                    if residual.shape != x.shape:
-                        raise LookupError  # no broadcasting: let the full checks name the shapes
-                if x.shape[-1] != self._last_dim:
-                    raise LookupError
-            except (LookupError, AttributeError):  # first call of its kind, a wrong shape, or not a tensor
-                backend, fn, plan = self._route(x, residual)  # full checks: raises the error that names the problem
-            self.__dict__["last_backend"] = backend  # a plain attribute; skips nn.Module.__setattr__'s checks
-        if plan is not None:
-            return fn(plan, x, residual, self.weight, self.bias if self._has_bias else None, self._row_numel)
-        return fn(x) if residual is None else fn(x, residual)
-
-    def _add_and_normalize(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-        new_residual = LF.add_residual(x, residual, self.spec.residual_in_fp32)
-        y = self._normalize_rows(new_residual)
-        if self.spec.residual_in_fp32:
-            y = y.to(self.output_dtype(x.dtype))  # the fp32 stream does not change what the branch sees
-        return y, new_residual
-
-    def _normalize(self, x: Tensor) -> Tensor:
+    # ---- the torch backend -------------------------------------------------------------------------------------
+    def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
+        """The reference-math function of this norm and its arguments after ``x`` (the tensors and eps the route
+        checked and resolved): the torch backend computes ``fn(x, *args)``."""
         raise NotImplementedError
 
-    def _normalize_rows(self, x: Tensor) -> Tensor:
-        """``_normalize``, over cache-sized row blocks in single-threaded CPU inference (same ops per row)."""
-        if not self._row_blocks_on_cpu or self._row_numel == 0:
-            return self._normalize(x)
+    def _rows(self, x: Tensor, fn: Callable[..., Tensor], args: tuple) -> Tensor:
+        """``fn(x, *args)`` over cache-sized row blocks in single-threaded CPU inference (same ops per row)."""
         block_rows = max(1, CPU_BLOCK_BYTES // (4 * self._row_numel))
         if (
             x.numel() <= 2 * block_rows * self._row_numel  # small inputs first: the cheapest test
@@ -230,34 +119,15 @@ class Norm(nn.Module):
             or torch.get_num_threads() != 1
             or (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())))
         ):
-            return self._normalize(x)
+            return fn(x, *args)
         k = len(self.normalized_shape)
         rows = x.reshape(-1, *self.normalized_shape)  # (M, *normalized_shape)
-        y = torch.cat([self._normalize(block) for block in rows.split(block_rows)])
+        y = torch.cat([fn(block, *args) for block in rows.split(block_rows)])
         return y.reshape(*x.shape[:-k], *y.shape[1:])
 
     def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
         """The dtype ``norm(x)`` returns for an input of ``input_dtype`` (the input dtype unless a cast order says)."""
         return input_dtype
-
-    def _check_inputs(self, x: Tensor, residual: Tensor | None) -> None:
-        _check_float_tensor("x", x)
-        if self.normalized_shape is not None:
-            k = len(self.normalized_shape)
-            if x.dim() < k or tuple(x.shape[-k:]) != self.normalized_shape:
-                raise ValueError(
-                    f"x: expected trailing dimension(s) {self.normalized_shape} (normalized_shape), "
-                    f"got shape {tuple(x.shape)}"
-                )
-        if residual is not None:
-            _check_float_tensor("residual", residual)
-            if residual.shape != x.shape:
-                raise ValueError(
-                    f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)} "
-                    "(no broadcasting)"
-                )
-            if residual.device != x.device:
-                raise ValueError(f"residual: expected device {x.device}, got {residual.device}")
 
     def extra_repr(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.spec.to_dict().items() if k != "kind")
@@ -272,7 +142,8 @@ class LayerNorm(Norm):
     """
 
     spec: LayerNormSpec
-    _has_bias = True
+    _vectors = ("weight", "bias")
+    _fused_kernel = True
 
     def __init__(
         self,
@@ -311,13 +182,8 @@ class LayerNorm(Norm):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def _normalize(self, x: Tensor) -> Tensor:
-        params = self._parameters  # see RMSNorm._normalize
-        w, b = params.get("weight", _MISSING), params.get("bias", _MISSING)
-        if w is _MISSING or b is _MISSING:
-            w, b = self.weight, self.bias
-        s = self.spec
-        return LF.layer_norm(x, self.normalized_shape, w, b, s.eps, s.zero_centered)
+    def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
+        return LF._layer_norm, (self.normalized_shape, route.weight, route.bias, route.eps, self.spec.zero_centered)
 
 
 class RMSNorm(Norm):
@@ -328,6 +194,8 @@ class RMSNorm(Norm):
     """
 
     spec: RMSNormSpec
+    _vectors = ("weight",)
+    _fused_kernel = True
     _row_blocks_on_cpu = True
 
     def __init__(
@@ -369,15 +237,9 @@ class RMSNorm(Norm):
         weight = self.weight
         return LF.output_dtype("rmsnorm", self.spec.cast, input_dtype, None if weight is None else weight.dtype)
 
-    def _normalize(self, x: Tensor) -> Tensor:
-        # The registered parameter straight from _parameters: `self.weight` goes through nn.Module.__getattr__, about
-        # 0.5 µs a call (per-call overhead, benchmarks/bench_norm_overhead.py). A weight that is not a registered
-        # parameter (torch.nn.utils.parametrize, FSDP's plain-tensor views) is read the usual way.
-        w = self._parameters.get("weight", _MISSING)
-        if w is _MISSING:
-            w = self.weight
+    def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
         s = self.spec
-        return LF.rms_norm(x, self.normalized_shape, w, s.eps, s.cast, s.zero_centered)
+        return LF._rms_norm, (self.normalized_shape, route.weight, route.eps, s.cast, s.zero_centered)
 
 
 class DyT(Norm):
@@ -388,6 +250,8 @@ class DyT(Norm):
     """
 
     spec: DyTSpec
+    _vectors = ("weight", "bias")
+    _scalars = ("alpha",)
     _row_blocks_on_cpu = True
 
     def __init__(
@@ -423,14 +287,15 @@ class DyT(Norm):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def _normalize(self, x: Tensor) -> Tensor:
-        return LF.dyt(x, self.alpha, self.weight, self.bias)
+    def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
+        return LF._dyt, (route.others[0][1], route.weight, route.bias)
 
 
 class ScaleNorm(Norm):
     """ScaleNorm (Nguyen & Salazar 2019): ``scale * x / max(||x||_2, eps)``; ``scale`` starts at ``sqrt(dim)``."""
 
     spec: ScaleNormSpec
+    _scalars = ("scale",)
     _row_blocks_on_cpu = True
 
     def __init__(
@@ -463,8 +328,8 @@ class ScaleNorm(Norm):
         with torch.no_grad():
             self.scale.fill_(init)
 
-    def _normalize(self, x: Tensor) -> Tensor:
-        return LF.scale_norm(x, self.normalized_shape, self.scale, self.spec.eps)
+    def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
+        return LF._scale_norm, (self.normalized_shape, route.others[0][1], route.eps)
 
 
 class NoNorm(Norm):
@@ -483,11 +348,12 @@ class NoNorm(Norm):
     ) -> None:
         super().__init__(normalized_shape, NoNormSpec(residual_in_fp32=residual_in_fp32, backend=backend))
 
-    def backend_for(self, x: Tensor, residual: Tensor | None = None) -> str:
-        return "torch"  # nothing to fuse: identity has no kernel, whatever the backend option says
+    def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
+        return _identity, ()  # nothing to fuse: identity has no kernel, whatever the backend option says
 
-    def _normalize(self, x: Tensor) -> Tensor:
-        return x
+
+def _identity(x: Tensor) -> Tensor:
+    return x
 
 
 MODULE_TYPES: dict[str, type[Norm]] = {

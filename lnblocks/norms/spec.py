@@ -70,6 +70,22 @@ class NormSpec(Config):
         return {"kind": self.kind, **super().to_dict()}
 
 
+def _check_zero_centered_has_weight(spec: LayerNormSpec | RMSNormSpec) -> None:
+    if spec.zero_centered and not spec.elementwise_affine:
+        raise ConfigValueError(
+            "zero_centered",
+            "must be False with elementwise_affine=False: it says how the weight is stored (w, applied as 1 + w), "
+            "and there is no weight",
+        )
+
+
+def _check_no_kernel_backend(spec: NormSpec) -> None:
+    if spec.backend == "triton":
+        raise ConfigValueError(
+            "backend", f"must be 'auto' or 'torch' for norm kind {spec.kind!r}: it has no fused kernel, got 'triton'"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerNormSpec(NormSpec):
     """LayerNorm (Ba et al. 2016) with the semantics of ``torch.nn.LayerNorm``.
@@ -89,6 +105,7 @@ class LayerNormSpec(NormSpec):
         self._set("eps", check_float("eps", self.eps, lo=0))
         for name in ("elementwise_affine", "bias", "zero_centered"):
             check_bool(name, getattr(self, name))
+        _check_zero_centered_has_weight(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +137,7 @@ class RMSNormSpec(NormSpec):
         for name in ("elementwise_affine", "zero_centered"):
             check_bool(name, getattr(self, name))
         check_choice("cast", self.cast, CAST_MODES)
+        _check_zero_centered_has_weight(self)
         if self.zero_centered and self.cast != "fp32":
             raise ConfigValueError(
                 "cast",
@@ -145,6 +163,7 @@ class DyTSpec(NormSpec):
         self._set("alpha_init", check_float("alpha_init", self.alpha_init, lo=0, lo_open=True))
         for name in ("elementwise_affine", "bias"):
             check_bool(name, getattr(self, name))
+        _check_no_kernel_backend(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +183,7 @@ class ScaleNormSpec(NormSpec):
         self._set("eps", check_float("eps", self.eps, lo=0))
         self._set("scale_init", check_float("scale_init", self.scale_init, lo=0, lo_open=True, allow_none=True))
         check_bool("learnable", self.learnable)
+        _check_no_kernel_backend(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,7 +204,21 @@ NORM_PRESETS: dict[str, NormSpec] = {
 }
 
 
-def _apply(spec: NormSpec, options: Mapping[str, Any], key: str) -> NormSpec:
+def _without_kind(options: Mapping[str, Any], kind: str, named: str, key: str) -> Mapping[str, Any]:
+    """``options`` less a ``kind`` that agrees with the norm already named (``build_norm("llama", 8, kind=...)``)."""
+    if "kind" not in options:
+        return options
+    given = options["kind"]
+    if not (isinstance(given, str) and given.lower() in (kind, named.lower())):
+        raise ConfigValueError(
+            join_key(key, "kind"),
+            f"{given!r} contradicts {named!r} (kind {kind!r}): name the norm once, as its kind or as a preset",
+        )
+    return {k: v for k, v in options.items() if k != "kind"}
+
+
+def _apply(spec: NormSpec, options: Mapping[str, Any], key: str, named: str) -> NormSpec:
+    options = _without_kind(options, spec.kind, named, key)
     if not options:
         return spec
     with under_key(key):
@@ -194,7 +228,7 @@ def _apply(spec: NormSpec, options: Mapping[str, Any], key: str) -> NormSpec:
 def _resolve(value: Any, options: Mapping[str, Any], key: str) -> NormSpec:
     """``norm_spec``'s resolution; ``key`` is the config key of the norm (``"norm"``, ``"block.qk_norm"``)."""
     if isinstance(value, NormSpec):
-        return _apply(value, options, key)
+        return _apply(value, options, key, value.kind)
     if isinstance(value, Mapping):
         if "kind" not in value:
             raise ConfigValueError(
@@ -212,15 +246,16 @@ def _resolve_name(name: Any, options: Mapping[str, Any], name_key: str, key: str
         )
     lowered = name.lower()
     if lowered in NORM_PRESETS:
-        return _apply(NORM_PRESETS[lowered], options, key)
+        return _apply(NORM_PRESETS[lowered], options, key, name)
     if lowered not in SPEC_TYPES:
         raise ConfigValueError(
             name_key, f"must be a norm kind or preset; unknown norm kind {name!r}; choices: {available_norms()}"
         )
+    options = _without_kind(options, lowered, name, key)
     return SPEC_TYPES[lowered].from_dict(dict(options), key=key)
 
 
-def norm_spec(kind: str | NormSpec | dict[str, Any], **options: Any) -> NormSpec:
+def norm_spec(kind: str | NormSpec | dict[str, Any], /, **options: Any) -> NormSpec:
     """Resolve a kind name, preset name, spec or config dict (``{"kind": ..., **options}``) into a spec.
 
     ``options`` override the spec's fields. An unknown kind or option raises ``ValueError`` naming it and the valid

@@ -6,17 +6,15 @@ fallback."""
 from __future__ import annotations
 
 import copy
-import datetime
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import lnblocks.cnn as C
 from lnblocks.cnn.syncbn import merge_moments
+from tests.gloo_helpers import run_gloo
 
 WORLD = 2
 # (name, per-rank input shapes, dtype, momentum, affine, (atol, rtol)): shards differ in size and mean
@@ -116,35 +114,18 @@ def _check_converted_model(rank: int) -> None:
         torch.testing.assert_close(b, b_ref, atol=1e-5, rtol=1e-5, msg=n)
 
 
-def _worker(rank: int, port: int) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        for name, shapes, dtype, momentum, affine, tol in CASES:
-            try:
-                _check_case(rank, shapes, dtype, momentum, affine, tol)
-            except AssertionError as err:
-                raise AssertionError(f"case {name}, rank {rank}: {err}") from err
-        _check_converted_model(rank)
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker(rank: int) -> None:
+    for name, shapes, dtype, momentum, affine, tol in CASES:
+        try:
+            _check_case(rank, shapes, dtype, momentum, affine, tol)
+        except AssertionError as err:
+            raise AssertionError(f"case {name}, rank {rank}: {err}") from err
+    _check_converted_model(rank)
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
 def test_two_gloo_processes_equal_batchnorm_on_concatenated_batch() -> None:
-    mp.spawn(_worker, args=(_free_port(),), nprocs=WORLD, join=True)
+    run_gloo(_worker, WORLD)
 
 
 def test_chan_merge_equals_statistics_of_the_concatenation() -> None:

@@ -56,7 +56,7 @@ def test_fused_layers_are_bit_identical_logits_and_grads(family: str, dtype: tor
     assert torch.equal(logits, ref_logits)
     assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
     norm = getattr(model.model.layers[0], FUSED[family])._lnblocks_norm
-    assert (dtype, dtype) in norm._routes[False]  # the norm was called with residual=: the fused path ran
+    assert (dtype, dtype) in norm._routes.cpu  # the norm was called with residual=: the fused path ran
     layer_cls = type(reference.model.layers[0])
     assert type(model.model.layers[0]).__name__ == layer_cls.__name__ and isinstance(model.model.layers[0], layer_cls)
 
@@ -131,7 +131,7 @@ def test_accelerate_offloaded_model_fuses_and_unfuses(tmp_path) -> None:
     assert layer._old_forward.__func__ is type(layer).forward  # the hook calls the fused forward
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, expected)
-    assert (torch.float32, torch.float32) in layer.post_attention_layernorm._lnblocks_norm._routes[False]
+    assert (torch.float32, torch.float32) in layer.post_attention_layernorm._lnblocks_norm._routes.cpu
     unpatch_norms(model)
     assert type(layer) is base and layer._old_forward.__func__ is base.forward and hasattr(layer, "_hf_hook")
     with torch.no_grad():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lnblocks.kernels.heuristics import MAX_BWD_BLOCK, MAX_FWD_BLOCK
+from lnblocks.kernels.launch import MAX_BWD_BLOCK, MAX_FWD_BLOCK
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 from tests.kernels.kernel_helpers import DTYPES, check_against_references, make_case
 

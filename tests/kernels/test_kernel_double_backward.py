@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import lnblocks
-from lnblocks.kernels.dropout import dropout_mask
-from lnblocks.kernels.functional import fused_add_norm
+from lnblocks.kernels.functional import dropout_mask, fused_add_norm
 from lnblocks.norms import functional as LF
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 from tests.kernels.kernel_helpers import DEVICE

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from lnblocks.kernels.dropout import dropout_mask
-from lnblocks.kernels.functional import fused_add_norm
+from lnblocks.kernels.functional import dropout_mask, fused_add_norm
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 from tests.kernels.kernel_helpers import DEVICE, check_against_references, make_case
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lnblocks.kernels.functional import fused_add_norm
-from lnblocks.kernels.heuristics import bwd_config, bwd_grid
+from lnblocks.kernels.launch import bwd_config, bwd_grid
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec, norm_spec
 from tests.kernels.kernel_helpers import (
     ATOL,

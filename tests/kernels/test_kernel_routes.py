@@ -55,13 +55,21 @@ def test_moving_or_replacing_parameters_takes_effect() -> None:
         norm(x)
 
 
-def test_weight_dtype_changed_in_place_is_an_error_not_a_wrong_answer() -> None:
-    """``weight.data = ...`` bypasses every hook: the fused call still checks the dtype it was planned for."""
+def test_weight_changed_in_place_is_replanned_not_a_wrong_answer() -> None:
+    """``weight.data = ...`` bypasses every hook and keeps the Parameter object: the fused call checks the weight's
+    dtype, size and device on every call and plans again (or names the problem), never reads it as the old dtype or
+    past its end."""
     norm = build_norm("llama", N, backend="triton", device=DEVICE)
+    ref = build_norm("llama", N, backend="torch", device=DEVICE)
     x = torch.randn(3, N, device=DEVICE)
     norm(x)
-    norm.weight.data = norm.weight.data.to(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"weight: expected torch.float32"):
+    for m in (norm, ref):
+        m.weight.data = torch.linspace(0.5, 1.5, N, device=DEVICE).to(torch.bfloat16)
+    y = norm(x)
+    assert y.dtype == ref(x).dtype == torch.float32  # llama: bf16 weight * fp32 x_hat
+    torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    norm.weight.data = torch.ones(N + 1, device=DEVICE)  # one element too many: the kernel would read N of them
+    with pytest.raises(ValueError, match=r"^weight: expected shape \(32,\) \(normalized_shape\), got \(33,\)"):
         norm(x)
 
 

@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lnblocks.kernels.backward import launch_backward
-from lnblocks.kernels.forward import launch_forward
-from lnblocks.kernels.heuristics import bwd_config, bwd_grid
+from lnblocks.kernels.launch import bwd_config, bwd_grid, launch_backward, launch_forward
 from lnblocks.kernels.plan import make_plan
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 from tests.kernels.kernel_helpers import DEVICE

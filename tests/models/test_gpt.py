@@ -65,6 +65,12 @@ def test_loss_is_mean_cross_entropy_ignoring_minus_100() -> None:
     assert loss.dtype == torch.float32
 
 
+def test_int32_targets_give_the_int64_loss() -> None:
+    model, idx = small(), torch.randint(0, V, (2, T))
+    targets = torch.randint(0, V, (2, T))
+    assert torch.equal(model(idx, targets.int())[1], model(idx, targets)[1])
+
+
 def test_return_hidden_gives_the_stream_after_each_block() -> None:
     model = small("pre", n_layers=4, final_norm=True)
     idx = torch.randint(0, V, (2, T))
@@ -157,7 +163,23 @@ def test_num_params_and_tied_head() -> None:
         (lambda m: m(torch.zeros(1, 4)), TypeError, "integer token ids"),
         (lambda m: m(torch.zeros(4, dtype=torch.long)), ValueError, r"shape \(B, T\)"),
         (lambda m: m([1, 2]), TypeError, "must be a torch.Tensor"),
-        (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3)), ValueError, "targets must be"),
+        (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)), ValueError, "targets"),
+        (lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4)), TypeError, "^targets must hold integer"),
+        (
+            lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.full((1, 4), V)),
+            ValueError,
+            r"got 4 outside \(min 50",
+        ),
+        (
+            lambda m: m(torch.zeros(1, 4, dtype=torch.long), torch.tensor([[0, -1, -100, -7]])),
+            ValueError,
+            "min -7, max -1",
+        ),
+        (
+            lambda m: m(torch.zeros(1, 4, dtype=torch.long), [[0, 1, 2, 3]]),
+            TypeError,
+            "^targets must be a torch.Tensor",
+        ),
         (lambda m: m.generate(torch.zeros(1, 10, dtype=torch.long), 7), ValueError, "longer than the position table"),
         (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, temperature=-1), ValueError, "temperature"),
         (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 1, top_k=0), ValueError, "top_k"),
@@ -186,6 +208,7 @@ def test_num_params_and_tied_head() -> None:
     ],
 )
 def test_bad_model_inputs(call, error: type, match: str) -> None:
+    """Targets too: out of range or float ones gave raw torch errors (IndexError, RuntimeError), lnblocks issue 24."""
     with pytest.raises(error, match=match):
         call(small())
 

@@ -54,6 +54,8 @@ def test_compiled_forward_backward_fullgraph_checks_ids_on_device() -> None:
     assert all(p.grad is not None for p in model.parameters())
     with pytest.raises(RuntimeError, match=r"idx: token ids must be in \[0, 40\)"):
         compiled(torch.full((2, 8), V), idx)
+    with pytest.raises(RuntimeError, match=r"targets: class ids must be in \[0, 40\) or -100"):
+        compiled(idx, torch.full((2, 8), -3))
 
 
 def test_eager_cpu_check_keeps_its_clear_error() -> None:

@@ -130,8 +130,8 @@ def test_triton_backend_without_a_runnable_kernel_is_a_clear_error(monkeypatch: 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=r"backend='triton' cannot run here: x is on cpu.*Use backend='auto'"):
         lnblocks.LayerNorm(8, backend="triton")(torch.randn(2, 8))
-    with pytest.raises(ValueError, match="no fused kernel for norm kind 'dyt'"):
-        lnblocks.DyT(8, backend="triton")(torch.randn(2, 8))
+    with pytest.raises(ValueError, match=r"^backend must be 'auto' or 'torch' for norm kind 'dyt': it has no fused"):
+        lnblocks.DyT(8, backend="triton")  # refused when built, not at the first call
 
 
 def test_triton_backend_checks_parameter_and_residual_dtypes() -> None:
@@ -140,3 +140,33 @@ def test_triton_backend_checks_parameter_and_residual_dtypes() -> None:
         lnblocks.RMSNorm(8, backend="triton", dtype=torch.float64)(x)
     with pytest.raises(ValueError, match=r"cannot run here: residual is torch\.float64"):
         lnblocks.RMSNorm(8, backend="triton")(x, residual=x.double())
+
+
+# ---- contradictory options: refused when the norm is built (issue 24 item 13) -------------------------------------
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: lnblocks.build_norm("llama", 8, kind="layernorm"), r"^kind 'layernorm' contradicts 'llama'"),
+        (lambda: lnblocks.build_norm("rmsnorm", 8, kind="dyt"), r"^kind 'dyt' contradicts 'rmsnorm'"),
+        (lambda: lnblocks.build_norm({"kind": "t5"}, 8, kind="layernorm"), r"^kind 'layernorm' contradicts 't5'"),
+        (lambda: lnblocks.norm_spec("gemma", kind="layernorm"), r"^kind 'layernorm' contradicts 'gemma'"),
+        (lambda: lnblocks.build_norm("llama", 8, kind=3), r"^kind 3 contradicts 'llama'"),
+        (lambda: lnblocks.RMSNorm(8, zero_centered=True, elementwise_affine=False), r"^zero_centered must be False"),
+        (lambda: lnblocks.LayerNorm(8, zero_centered=True, elementwise_affine=False), r"^zero_centered must be False"),
+        (lambda: lnblocks.build_norm("gemma", 8, elementwise_affine=False), r"^zero_centered must be False"),
+        (lambda: lnblocks.DyT(8, backend="triton"), r"^backend must be 'auto' or 'torch' for norm kind 'dyt'"),
+        (lambda: lnblocks.ScaleNorm(8, backend="triton"), r"^backend must be 'auto' or 'torch' for norm kind 'sca"),
+        (lambda: lnblocks.norm_spec({"kind": "dyt", "backend": "triton"}), r"^backend must be 'auto' or 'torch'"),
+    ],
+)
+def test_contradictory_options_are_refused(build, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_agreeing_kind_option_is_accepted() -> None:
+    """``kind=`` that names the same kind as the preset (or the kind itself) is not a contradiction."""
+    assert lnblocks.build_norm("llama", 8, kind="rmsnorm").spec == lnblocks.norm_spec("llama")
+    assert lnblocks.build_norm("layernorm", 8, kind="LayerNorm").spec == lnblocks.LayerNormSpec()
+    assert lnblocks.build_norm("llama", dim=8).normalized_shape == (8,)  # dim still works by keyword
+    assert lnblocks.NoNorm(backend="triton")(torch.ones(2)).equal(torch.ones(2))  # identity: the option is moot

@@ -4,7 +4,9 @@
 - ``LocalProcessExecutor``: ``workers`` spawned processes, each fed through its own pipe and watched by its process
   sentinel, so a worker that dies (OOM killer, ``kill -9``) is noticed at once: its run is reported as lost, a new
   worker takes its place, and the sweep goes on. No shared queue or Manager process that a death could wedge.
-  Workers die with the runner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watchdog everywhere).
+  Workers die with the runner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watchdog everywhere). They start
+  with SIGINT ignored: a Ctrl-C reaches the whole process group, and only the runner handles it (it stops the
+  workers at once and says so in one line), so no worker prints a traceback.
 
 Every executor trains a run with ``train_job``: the run's own pinned thread count (``run.threads``) and
 flush-to-zero for denormals, so a record does not depend on which executor or how many workers trained it. The Ray
@@ -14,6 +16,7 @@ the ranks, ``lnblocks.study.core.torchrun``) have the same interface: ``map(jobs
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -186,7 +189,8 @@ class LocalProcessExecutor:
         proc = self._ctx.Process(
             target=_worker_main, args=(child, os.getpid(), position), daemon=True, name=f"lnblocks-worker-{position}"
         )
-        proc.start()
+        with _sigint_ignored():  # inherited by the child from its first instruction: Ctrl-C is the runner's
+            proc.start()
         child.close()
         return _Worker(proc, parent, position)
 
@@ -194,6 +198,7 @@ class LocalProcessExecutor:
         pool = [self._start(i + 1) for i in range(self.workers)]
         startup_failures = 0
         exhausted = False
+        interrupted = False
         try:
             while True:
                 for w in pool:  # hand out work to idle, started workers
@@ -232,8 +237,11 @@ class LocalProcessExecutor:
                             )
                     w.conn.close()
                     pool[i] = self._start(w.position)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            self._shutdown(pool)
+            self._shutdown(pool, at_once=interrupted)
 
     @staticmethod
     def _drain(w: _Worker, on_result: Callable[[Job, Outcome], None]) -> None:
@@ -249,20 +257,36 @@ class LocalProcessExecutor:
             pass
 
     @staticmethod
-    def _shutdown(pool: list[_Worker]) -> None:
+    def _shutdown(pool: list[_Worker], at_once: bool = False) -> None:
+        """Stop the workers: idle ones are told to exit; busy ones (the runner is being interrupted) are killed,
+        after 5 s, or ``at_once`` (a Ctrl-C: their runs are redone by the next runner)."""
         for w in pool:
             try:
                 if w.proc.is_alive() and w.job is None:
                     w.conn.send(None)
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + (0.0 if at_once else 5.0)
         for w in pool:
             w.proc.join(max(0.0, deadline - time.monotonic()))
             if w.proc.is_alive():  # still training (the runner is being interrupted)
                 w.proc.kill()
                 w.proc.join()
             w.conn.close()
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process while the block runs (what a child started in it inherits); a no-op off
+    the main thread, where signal handlers cannot be changed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def make_executor(workers: int) -> Executor:

@@ -3,7 +3,8 @@
 
 A record is what a task's ``train`` returns for one run. The runner writes records and the report reads them; the
 result type of each task (``Task.result_type``: a frozen dataclass with ``CONFIG``/``TIME``/``SPEC`` class
-attributes naming the keys to check) comes from the task registry.
+attributes naming the keys to check, and optionally a ``check_json(record, source)`` classmethod for nested
+entries and value ranges) comes from the task registry. A record that passes is one every report of its task can read.
 
 JSON layout (schema ``lnblocks.study.run/2``)::
 
@@ -173,6 +174,8 @@ class RunRecord:
         unknown = sorted(set(obj["result"]) - names)
         if unknown:
             raise RecordError(source, f"result.{unknown[0]}", f"is not a field of {kind.__name__}")
+        if hasattr(kind, "check_json"):  # what the flat key specs cannot say (nested entries, value ranges)
+            kind.check_json(obj, source)
         return cls(
             id=obj["id"],
             task=obj["task"],

@@ -19,7 +19,7 @@ from typing import Any
 
 from lnblocks.study.core.checkpoint import check_folder, checkpoint_folder, remove_folder
 from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
-from lnblocks.study.core.outdir import RunLock, check_record, init_out_dir, pending_runs, record_path
+from lnblocks.study.core.outdir import RunLock, check_record, claim_out_dir, pending_runs, record_path
 from lnblocks.study.core.records import write_record
 from lnblocks.study.core.study_config import StudyConfig, load_study
 from lnblocks.study.core.tasks import Task, get_task
@@ -106,7 +106,11 @@ def run_study(
     out = Path(out_dir)
     show = sys.stderr.isatty() if show_progress is None else show_progress
     if name != "torchrun":
-        return _run(study, task, out, show, report, lambda todo: _local_or_ray(name, workers, todo, study, ray_address))
+
+        def pool(todo: int) -> Executor:
+            return _local_or_ray(name, workers, todo, study, ray_address)
+
+        return _run(study, task, out, show, report, pool, here=name == "local")
     from lnblocks.study.core.torchrun import TorchrunExecutor
 
     ddp = TorchrunExecutor(task, study.runs()[0])
@@ -128,16 +132,35 @@ def _run(
     open_pool: Callable[[int], Executor],
     how: str = "",
     world_size: int = 1,
+    here: bool = True,
 ) -> int:
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
-    ``open_pool(n)``: the executor for ``n`` runs to train. Runs with ``checkpoint`` resume from their newest valid
-    checkpoint (``core.checkpoint``): their folders are checked before any run trains and removed once the record
-    is written."""
+    ``open_pool(n)``: the executor for ``n`` runs to train; ``here``: whether they train on this machine. Runs with
+    ``checkpoint`` resume from their newest valid checkpoint (``core.checkpoint``): their folders are checked before
+    any run trains (for ``world_size`` processes per run) and removed once the record is written."""
     runs = study.runs()
     if task.resolve_runs is not None:  # what each run trains on is part of its id (a corpus's digest)
         runs = task.resolve_runs(runs, show)
-    runs_dir = init_out_dir(study, out, runs)
+    with claim_out_dir(study, out, runs) as runs_dir:  # one study per folder, held until its report is written
+        return _sweep(study, task, out, runs_dir, show, report, open_pool, how, here, runs, world_size)
+
+
+def _sweep(
+    study: StudyConfig,
+    task: Task,
+    out: Path,
+    runs_dir: Path,
+    show: bool,
+    report: bool,
+    open_pool: Callable[[int], Executor],
+    how: str,
+    here: bool,
+    runs: list[Any],
+    world_size: int,
+) -> int:
     todo, done, problems = pending_runs(study, runs_dir, runs)
+    if todo and here and task.check_runs is not None:  # a device this machine lacks: refused before any run
+        task.check_runs(todo)
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
     total = done + len(todo)
@@ -151,6 +174,9 @@ def _run(
             file=sys.stderr,
         )
     print(f"study {study.name!r}{how}: {total} runs, {done} already finished, {len(todo)} to run -> {out}", flush=True)
+    if study.tracking.enabled and done:
+        for line in _curves_of_finished(study, task, out, runs_dir, runs, {r.run_id for r in todo}):
+            print(line, file=sys.stderr, flush=True)
     pool = open_pool(len(todo))
     if todo and task.before_runs is not None:  # tokenize a corpus once here, not in every worker at the same time
         for line in task.before_runs(todo, show):
@@ -220,8 +246,37 @@ def _run(
     if report:
         from lnblocks.study.core.report import build_report
 
-        code = build_report(out) or code
+        code = build_report(out, show_progress=show) or code
     return code
+
+
+def _curves_of_finished(
+    study: StudyConfig, task: Task, out: Path, runs_dir: Path, runs: list[Any], todo: set[str]
+) -> list[str]:
+    """Tracking turned on for runs that finished without it: write their TensorBoard curves from their records
+    (``task.replay_curves``: the points a live run logs); W&B runs are not replayed (each replay would be a new W&B
+    run), which the returned lines say."""
+    from lnblocks.study.core.records import read_record
+    from lnblocks.study.core.tracking import TrackingConfig
+
+    finished = [r.run_id for r in runs if r.run_id not in todo]
+    lines = []
+    if study.tracking.tensorboard:
+        bare = [i for i in finished if not any((out / "tensorboard" / i).glob("events.out.tfevents.*"))]
+        only_tb = TrackingConfig(tensorboard=True, flush_secs=study.tracking.flush_secs)
+        for run_id in bare:
+            task.replay_curves(read_record(record_path(runs_dir, run_id)), out, only_tb)  # type: ignore[misc]
+        if bare:
+            lines.append(
+                f"tracking: wrote the TensorBoard curves of {len(bare)} run(s) that finished without tracking, from "
+                f"their records, under {out / 'tensorboard'}"
+            )
+    if study.tracking.wandb and not (out / "wandb").exists():  # W&B newly turned on for this folder
+        lines.append(
+            f"note: tracking.wandb logs the runs trained from now on; the {len(finished)} that finished before are "
+            "not sent to W&B (their curves are in their records, and in TensorBoard with tracking.tensorboard)"
+        )
+    return lines
 
 
 def _checkpoint_folders(todo: list[Any], out: Path, world_size: int) -> dict[str, Path]:

@@ -62,8 +62,8 @@ class Task:
 
     - ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study mapping;
     - ``train(run, ctx)``: one run's ``RunRecord`` (the one place a run of this task trains);
-    - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=)``: write the
-      report files from records alone and return an exit code;
+    - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=,
+      show_progress=)``: write the report files from records alone and return an exit code;
     - ``result_type``: the dataclass of ``RunRecord.result`` (with ``CONFIG``/``TIME``/``SPEC``: keys to check);
     - ``path_keys``: dotted option keys whose values are file paths (relative ones resolve against the study file's
       folder), each with the values that are not paths;
@@ -73,6 +73,8 @@ class Task:
       their ids are used: what a run trained on is part of its id; None: the runs as configured;
     - ``replay_curves(record, out_dir, tracking)``: write a finished run's curves from its record (for executors that
       do not log live); None: the task logs no curves, and a study of it may not turn ``tracking`` on;
+    - ``check_runs(runs)``: refuse (``ValueError``, one line) runs that cannot start on this machine (a device it
+      lacks), before any starts; called where the runs train here (the local and torchrun executors);
     - ``ddp``: whether ``train`` runs under ``torchrun`` with DistributedDataParallel (``ctx.dist``);
     - ``upgrade_record(obj, source)``: a record's JSON object as the current code reads it (records older lnblocks
       wrote: schema 1, which only the default task had, or configs with keys since renamed); None: as written.
@@ -88,6 +90,7 @@ class Task:
     before_runs: Callable[[list[Any], bool], list[str]] | None = None
     resolve_runs: Callable[[list[Any], bool], list[Any]] | None = None
     replay_curves: Callable[[RunRecord, str | Path, TrackingConfig], Any] | None = None
+    check_runs: Callable[[list[Any]], None] | None = None
     ddp: bool = False
     upgrade_record: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
 

@@ -138,10 +138,18 @@ def row(record: RunRecord) -> dict[str, Any]:
 
 
 def build_digits_report(
-    out: Path, records: list[RunRecord], manifest: dict[str, Any], problems: list[str], *, plots: bool, echo: bool
+    out: Path,
+    records: list[RunRecord],
+    manifest: dict[str, Any],
+    problems: list[str],
+    *,
+    plots: bool,
+    echo: bool,
+    show_progress: bool = False,
 ) -> int:
     """Write the report files of a ``cnn_digits`` study into ``out`` from its records (the training settings are
-    every run's; the ``manifest`` is not needed); print the table and the claims."""
+    every run's; the ``manifest`` is not needed); print the table and the claims. Nothing here is long enough for
+    a progress bar (``show_progress`` is the task interface's)."""
     first = records[0].config
     cfg = DigitsSettings.from_dict({k: first[k] for k in DigitsSettings.field_names() if k in first})
     seeds = sorted({int(r.config["seed"]) for r in records})

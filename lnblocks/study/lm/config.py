@@ -151,7 +151,8 @@ class DataConfig(Config):
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig(Config):
     """AdamW (Loshchilov & Hutter 2019; ``weight_decay: 0`` is Adam), Adam, or SGD with momentum.
-    Defaults: Xiong et al. 2020's Adam betas (0.9, 0.98), eps 1e-8, no weight decay.
+    Defaults: Xiong et al. 2020's Adam betas (0.9, 0.98), eps 1e-8, no weight decay. Every value is one torch's
+    optimizers accept: ``beta1``, ``beta2`` in [0, 1), ``eps`` > 0, ``weight_decay`` >= 0, ``momentum`` in [0, 1].
 
     ``independent_wd`` (AdamW only): the decay per step is ``weight_decay`` times the schedule's factor
     ``lr_t / lr`` (``weight_decay`` itself after warmup at a constant LR), not ``lr_t * weight_decay`` as in
@@ -173,8 +174,9 @@ class OptimizerConfig(Config):
             raise ConfigValueError(
                 "independent_wd", f"needs name 'adamw' (decoupled weight decay), got name {self.name!r}"
             )
-        for name in ("beta1", "beta2", "momentum"):
-            self._set(name, check_float(name, getattr(self, name), lo=0, hi=1))
+        for name in ("beta1", "beta2"):  # torch's Adam/AdamW take betas in [0, 1)
+            self._set(name, check_float(name, getattr(self, name), lo=0, hi=1, hi_open=True))
+        self._set("momentum", check_float("momentum", self.momentum, lo=0, hi=1))
         self._set("eps", check_float("eps", self.eps, lo=0, lo_open=True))
         self._set("weight_decay", check_float("weight_decay", self.weight_decay, lo=0))
 

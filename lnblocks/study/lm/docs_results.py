@@ -281,7 +281,7 @@ def stale_figures(img_dir: str | Path, root: str | Path = RESULTS, tolerance: fl
 
 def refresh_docs(repo: str | Path = REPO, root: str | Path = RESULTS, check: bool = False) -> list[str]:
     """Refresh every claims block of ``doc_pages(repo)`` and every figure under ``repo/docs/img``; with ``check``
-    change nothing. Returns what was (or would be) stale: ``"page.md:block"`` and ``"docs/img/name.png"``."""
+    change nothing. Returns what was (or would be) stale: ``"<page>.md:<block>"`` and ``"docs/img/<figure>.png"``."""
     repo = Path(repo)
     stale = []
     for page in doc_pages(repo):

@@ -18,17 +18,15 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lnblocks.study.core.atomic import write_json_atomic
+from lnblocks.study.core.atomic import remove_stale_tmp, tmp_path, write_json_atomic
 from lnblocks.study.lm.corpus.cache import TokenWriter, corpus_lock, seal, unseal
 from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns, text_files
 from lnblocks.study.lm.corpus.evict import Lease, evict, keep_limit, touch
@@ -222,11 +220,7 @@ def _build(cfg: CorpusConfig, tok: TextTokenizer, folder: Path, key: dict[str, A
     vocab_size = key["vocab_size"]
     eos = None if cfg.eos_token is None else np.array([tok.token_id(cfg.eos_token)], dtype=np.int64)
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob(".*.tmp-*"):  # left by a killed preparer (we hold the lock: nobody writes now)
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
+    remove_stale_tmp(folder, every=True)  # left by a killed preparer (we hold the lock: nobody writes now)
     (folder / "meta.json").unlink(missing_ok=True)
     dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
     t0 = time.perf_counter()
@@ -238,7 +232,7 @@ def _build(cfg: CorpusConfig, tok: TextTokenizer, folder: Path, key: dict[str, A
         if cfg.source == "text":
             inputs = tokenize_text(cfg, tok, writers, eos, show)
         else:
-            hf_cache = folder / f".datasets.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            hf_cache = tmp_path(folder / "datasets")
             inputs = tokenize_dataset(cfg, tok, writers, eos, show, hf_cache)
         for split, w in writers.items():
             if w.tokens < 2:
