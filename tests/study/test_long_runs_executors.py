@@ -54,10 +54,12 @@ def test_ddp_run_killed_at_a_random_step_resumes_bit_identically(long_study: Pat
     cfg = tmp_path / "ddp.yaml"
     cfg.write_text(long_study.read_text().replace("dropout: 0.1}", "dropout: 0.1, placement: post}"))
     step = random.Random().randrange(EVERY + 1, STEPS)
-    ref, killed = torchrun(cfg, tmp_path / "ref"), torchrun(cfg, tmp_path / "out", fault=f"kill-at-step@{step}")
-    outs = {name: p.communicate(timeout=300) for name, p in (("ref", ref), ("killed", killed))}
-    assert ref.returncode == 0, outs["ref"][1][-3000:]
-    assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in outs["killed"][1], outs["killed"][1][-3000:]
+    ref = torchrun(cfg, tmp_path / "ref")  # one launch at a time: no race for the free port
+    _, err = ref.communicate(timeout=300)
+    assert ref.returncode == 0, err[-3000:]
+    killed = torchrun(cfg, tmp_path / "out", fault=f"kill-at-step@{step}")
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode != 0 and not list((tmp_path / "out" / "runs").glob("*.json")), err[-3000:]
     again = torchrun(cfg, tmp_path / "out")
     stdout, stderr = again.communicate(timeout=300)
     assert again.returncode == 0 and "DDP over 2 ranks (gloo)" in stdout, stderr[-3000:]
