@@ -14,7 +14,9 @@
 #   4. study    one run of `lnblocks study run` on the GPU in bf16, and the backends its record names
 #   5. hf       benchmarks/bench_hf_training.py: an HF Llama-shaped model in bf16, transformers.Trainer step and
 #               forward, unpatched vs lnblocks.hf.patch_norms vs patch_norms(fuse_residual=True), paired ratios
-#   6. vocab    benchmarks/bench_study_step.py --device cuda: the study's training step at V = 256, 30,522, 50,257
+#   6. resume   a bf16 study run with train.deterministic and checkpoints, SIGKILLed mid-run (LNBLOCKS_CHECKPOINT_FAULT)
+#               and resumed, against the uninterrupted run: "bit-identical" or the fields that differ (docs/long-runs.md)
+#   7. vocab    benchmarks/bench_study_step.py --device cuda: the study's training step at V = 256, 30,522, 50,257
 #               with the full logits vs the chunked LM head (issue 23): step time and peak memory (table in summary)
 # Writes at most 8 files into the output folder: summary.txt, check.log, tests.log, kernels.md, kernels.json,
 # models.json, study.log, hf.json (and nothing else); prints the summary last.
@@ -42,11 +44,11 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRI
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$SMOKE" = 1 ]; then
   export TRITON_INTERPRET=1
-  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120 T_HF=120 T_VOCAB=120
+  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120 T_HF=120 T_RESUME=180 T_VOCAB=120
 else
   export TRITON_INTERPRET=0
-  T_TESTS=${T_TESTS:-140} T_KERNELS=${T_KERNELS:-160} T_MODELS=${T_MODELS:-120} T_STUDY=${T_STUDY:-60}
-  T_HF=${T_HF:-50} T_VOCAB=${T_VOCAB:-45}
+  T_TESTS=${T_TESTS:-115} T_KERNELS=${T_KERNELS:-170} T_MODELS=${T_MODELS:-110} T_STUDY=${T_STUDY:-50}
+  T_HF=${T_HF:-45} T_RESUME=${T_RESUME:-60} T_VOCAB=${T_VOCAB:-45}
 fi
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/check.log"
@@ -156,7 +158,46 @@ else
   section hf "$T_HF" $PY benchmarks/bench_hf_training.py --device cuda --rounds 5 --out "$OUT/hf"
 fi
 
-# ---- 6. the study's step at real vocabularies: full logits vs the chunked LM head ----------------------------------
+# ---- 6. resume bit for bit: deterministic kernels, a SIGKILL mid-run, the rerun against the uninterrupted run ------
+if [ "$SMOKE" = 1 ]; then RESUME_DEVICE=cpu RESUME_STEPS=20 RESUME_EVERY=5; else
+  RESUME_DEVICE=cuda RESUME_STEPS=120 RESUME_EVERY=40; fi
+cat >"$WORK/resume.yaml" <<YAML
+name: gpu_check_resume
+description: bit-identical resume on the GPU, from benchmarks/gpu_check.sh
+data: {source: markov, $STUDY_DATA, eval_batches: 2}
+model: {$STUDY_SIZE, activation: relu, init: xavier, dropout: 0.1}
+train: {steps: $RESUME_STEPS, device: $RESUME_DEVICE, dtype: bf16, deterministic: true, grad_accum: 2, z_loss: 1.0e-4,
+        warmup: 10, schedule: cosine, checkpoint: {every: $RESUME_EVERY}, optimizer: {name: adamw, weight_decay: 0.1}}
+diagnostics: {every: $RESUME_EVERY, init_grad_batches: 1, probe_batch_size: 4}
+grid: {model.placement: [post]}
+YAML
+cat >"$WORK/resume.py" <<'PY'
+import glob, json, os, subprocess, sys
+work, py = sys.argv[1], sys.executable
+cfg, kill_at = f"{work}/resume.yaml", int(sys.argv[2])
+def study(out, fault=None):
+    env = {**os.environ, **({"LNBLOCKS_CHECKPOINT_FAULT": fault} if fault else {})}
+    cmd = [py, "-m", "lnblocks.cli", "study", "run", cfg, "--out", out, "--set", "analysis.init_profile.batches=1"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True).returncode
+assert study(f"{work}/a") == 0, "the uninterrupted run failed"
+assert study(f"{work}/b", f"kill-at-step@{kill_at}") == -9, "the killed run was not killed"
+assert study(f"{work}/b") == 0, "the resumed run failed"
+def record(out):
+    rec = json.load(open(glob.glob(f"{out}/runs/*.json")[0]))
+    env = rec.pop("env")
+    rec.pop("time")
+    return rec, env
+(a, _), (b, env) = record(f"{work}/a"), record(f"{work}/b")
+diff = sorted(k for k in a if a[k] != b[k]) + sorted(k for k in a["result"] if a["result"][k] != b["result"][k])
+print(f"resume: device {env['device']}, killed at step {kill_at}, resumed from {env.get('resumed_from')}: "
+      + ("bit-identical to the uninterrupted run" if not diff else f"DIFFERS in {diff}"))
+sys.exit(1 if diff or not env.get("resumed_from") else 0)
+PY
+section resume "$T_RESUME" bash -c "$PY '$WORK/resume.py' '$WORK' $((RESUME_STEPS / 2 + 3)) >>'$OUT/study.log' 2>&1; \
+  rc=\$?; tail -n 1 '$OUT/study.log'; exit \$rc"
+grep '^resume:' "$OUT/study.log" >>"$SUMMARY" || echo "resume: no result (see study.log)" >>"$SUMMARY"
+
+# ---- 7. the study's step at real vocabularies: full logits vs the chunked LM head ---------------------------------
 if [ "$SMOKE" = 1 ]; then
   VOCAB_ARGS="--smoke"
 else

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("tests", "kernels", "models", "study", "hf", "vocab")
+SECTIONS = ("tests", "kernels", "models", "study", "hf", "resume", "vocab")
 
 
 @pytest.mark.slow

@@ -220,5 +220,6 @@ class Attention(nn.Module):
             softmax_scale=self.scale,
             causal=self.config.causal,
             window_size=(window - 1, 0) if window is not None else (-1, -1),
+            deterministic=torch.are_deterministic_algorithms_enabled(),  # its dq backward otherwise uses atomics
         )
         return y.transpose(1, 2)  # (B, H, Tq, hd)

@@ -28,8 +28,14 @@ def _load(path: Path) -> nn.Module:
     transformers = require("transformers")
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     arch = (getattr(config, "architectures", None) or [None])[0]
-    model_cls = getattr(transformers, arch, None) if arch else None
-    if model_cls is None:
+    model_cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch else None
+    is_model = isinstance(model_cls, type) and issubclass(model_cls, transformers.PreTrainedModel)
+    if model_cls is not None and not (is_model and getattr(model_cls, "config_class", None) is not None):
+        raise ValueError(
+            f"config.json's architectures names {arch!r}, which is not a transformers model class; name the "
+            "model's class there (e.g. LlamaForCausalLM), or drop the key to load it with AutoModel"
+        )
+    if model_cls is None:  # a class transformers does not have (remote code): its base model
         model_cls = transformers.AutoModel
     return model_cls.from_pretrained(path, local_files_only=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 
@@ -111,6 +112,20 @@ def _broken_folders(tmp_path):
         "bad_config": "not a valid JSON file",
         "truncated": "SafetensorError",
     }
+
+
+@pytest.mark.parametrize("arch", ["AutoTokenizer", "LlamaConfig", "logging", "is_torch_available", "PreTrainedModel"])
+def test_patch_check_on_an_architecture_that_is_not_a_model(tmp_path, capsys, arch):
+    build("llama").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": [arch]}))  # save_pretrained sets it
+    assert cli_main(["patch-check", str(tmp_path), "--backend", "torch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"patch-check: cannot load the model in '{tmp_path}': ValueError: config.json's architectures names {arch!r}, "
+        "which is not a transformers model class; name the model's class there (e.g. LlamaForCausalLM), or drop the "
+        "key to load it with AutoModel"
+    )
 
 
 def test_patch_check_cannot_load_is_one_line_and_exit_2(tmp_path, capsys):

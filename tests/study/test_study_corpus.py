@@ -312,7 +312,7 @@ def test_cache_hit_and_invalidation(shakespeare: Path, bpe: Path, tmp_path: Path
     assert (
         prepare_corpus(cfg.replace(tokenizer="bytes"), show_progress=False).train_path.parent != third.train_path.parent
     )
-    leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]
+    leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if "tmp-" in p.name]
     assert leftovers == []
 
 

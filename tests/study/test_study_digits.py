@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,23 @@ def test_cli_end_to_end_resume_and_corrupt_record(tmp_path: Path, capsys: pytest
     assert redone["result"] == old["result"] and redone["config"] == old["config"]  # same seed, same numbers
     assert run_study(load_study(config), out, show_progress=False) == 0  # everything reused now
     assert "4 runs, 4 already finished, 0 to run" in capsys.readouterr().out
+
+
+def test_records_the_report_cannot_read_are_refused() -> None:
+    """A record whose config does not build the settings, or whose SwitchableNorm weights or AGC ratio are not what
+    the claims read, is refused (and so redone) instead of crashing every report."""
+    from lnblocks.study.core.records import RecordError, RunRecord
+
+    run = DigitsRunConfig(norm="switchable", batch_size=16, seed=0, epochs=1, min_steps=1, max_train=64, widths=(8, 8))
+    good = train_run(run).to_json()
+    assert RunRecord.from_json(json.loads(json.dumps(good))).result.switch_weights
+    result, config = good["result"], good["config"]
+    for key, damaged in (
+        ("result.switch_weights", {"result": {**result, "switch_weights": [{"mean": 1}]}}),
+        ("result.switch_weights[0].var.bn", {"result": {**result, "switch_weights": [
+            {"mean": {"in": 1, "ln": 0, "bn": 0}, "var": {"in": 1, "ln": 0}}]}}),
+        ("result.agc_grad_ratio", {"result": {**result, "agc_grad_ratio": "x"}}),
+        ("config", {"config": {**config, "epochs": -1}}),
+    ):  # fmt: skip
+        with pytest.raises(RecordError, match=rf"^x\.json: {re.escape(key)}"):
+            RunRecord.from_json({**good, **damaged}, source="x.json")

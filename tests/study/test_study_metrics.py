@@ -7,7 +7,8 @@ import math
 import pytest
 
 from lnblocks.study.lm.analysis import capped, classify, log_slope, lr_sensitivity, max_stable_lr
-from lnblocks.study.lm.train import DivergenceMonitor, detect_divergence, lr_at
+from lnblocks.study.lm.loop_state import DivergenceMonitor, detect_divergence
+from lnblocks.study.lm.train import lr_at
 
 
 @pytest.mark.parametrize(

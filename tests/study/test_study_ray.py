@@ -1,7 +1,8 @@
 """The Ray executor on a local Ray instance with 2 CPUs (issue 12, item 3), shared by the tests of this module:
 records equal to the local executor's apart from timing and host fields (TensorBoard curves too: replayed from the
-records as they arrive vs logged live), a worker process killed mid-run is retried by Ray and the run finishes, a
-run that raised is recorded as failed, resources the cluster lacks are refused at once, and Ctrl-C cancels."""
+records as they arrive vs logged live), a worker process killed mid-run is retried by Ray and resumes from its
+checkpoint, a run that raised is recorded as failed, resources the cluster lacks are refused at once, and Ctrl-C
+cancels."""
 
 from __future__ import annotations
 
@@ -83,31 +84,39 @@ def test_ray_records_and_curves_equal_the_local_executors(tmp_path: Path) -> Non
     assert time.perf_counter() - t0 < ray_s
 
 
-def test_a_killed_worker_is_retried_and_the_run_finishes(tmp_path: Path) -> None:
-    cfg = config(tmp_path, "train: {steps: 600}\ndiagnostics: {every: 0, init_grad_batches: 0}\n")
+def test_a_killed_worker_is_retried_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """Issue 20, item 2: Ray's retry of a run whose worker was SIGKILLed continues from the run's newest checkpoint
+    (``train.checkpoint``, in ``OUT/checkpoints/<run id>/``, a folder the worker reaches: this machine) and the
+    record equals the uninterrupted run's."""
+    cfg = config(
+        tmp_path,
+        "train: {steps: 1000, checkpoint: {every: 100}}\ndiagnostics: {every: 0, init_grad_batches: 0}\n",
+    )
+    (run,) = load_study(cfg).runs()
+    folder = tmp_path / "out" / "checkpoints" / run.run_id
     killed: list[int] = []
 
-    def kill_once() -> None:
+    def kill_after_a_checkpoint() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
             tasks = running_tasks()
-            if tasks:
-                time.sleep(0.5)  # let it train for a while
+            if tasks and list(folder.glob("step-*")):
                 pid = next(iter(tasks))
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
-            time.sleep(0.05)
+            time.sleep(0.01)
 
-    killer = threading.Thread(target=kill_once, daemon=True)
+    killer = threading.Thread(target=kill_after_a_checkpoint, daemon=True)
     killer.start()
     assert run_study(cfg, tmp_path / "out", show_progress=False, report=False, executor="ray") == 0
     killer.join(timeout=5)
-    assert killed, "no Ray task was seen training"
-    (run,) = load_study(cfg).runs()
+    assert killed, "no Ray task was seen training past a checkpoint"
     rec = read_record(tmp_path / "out" / "runs" / f"{run.run_id}.json")
-    assert rec.status == "finished" and rec.result.steps_done == 600
-    assert rec.env["pid"] != killed[0]  # trained again, by another worker process
+    assert rec.status == "finished" and rec.result.steps_done == 1000
+    assert rec.env["pid"] != killed[0]  # trained on, by another worker process
+    assert rec.env["resumed_from"] and rec.env["resumed_from"][0] % 100 == 0  # not from step 0
     assert rec.deterministic_json() == train_run(run, show_progress=False).deterministic_json()
+    assert not folder.exists()  # removed once the record was written
 
 
 def test_a_run_that_raised_is_recorded_as_failed_and_bad_resources_are_refused(tmp_path: Path, capsys) -> None:

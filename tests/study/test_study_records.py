@@ -86,7 +86,10 @@ def test_older_config_keys_in_records_read_as_todays(tmp_path: Path) -> None:
 
 
 def test_round_trip_and_non_finite_numbers_become_null(tmp_path: Path) -> None:
-    rec = lm_record(loss=[2.0, float("nan")], diagnostics=[{"step": 0, "grad_norm_total": float("inf")}])
+    entry = {"step": 0, "lr": 1e-3, "residual_rms": [1.0, float("nan")], "residual_max": [1.0, 2.0], "log_z": 1.0,
+             "grad_norm": {"W_2": [0.5]}, "update_ratio": {}, "grad_norm_total": float("inf"),
+             "max_output_logit": 2.0}  # fmt: skip
+    rec = lm_record(loss=[2.0, float("nan")], diagnostics=[entry])
     write_record(tmp_path / "x.json", rec)
     raw = json.loads((tmp_path / "x.json").read_text())
     assert raw["format"] == "lnblocks.study.run/2" and raw["result"]["loss"] == [2.0, None]

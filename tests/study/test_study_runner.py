@@ -16,7 +16,7 @@ import pytest
 
 from lnblocks.cli import main as cli_main
 from lnblocks.study import build_report, load_study, run_study
-from lnblocks.study.core.atomic import remove_stale_tmp, write_json_atomic
+from lnblocks.study.core.atomic import TMP_MARK, remove_stale_tmp, write_json_atomic
 from lnblocks.study.core.outdir import check_record
 from lnblocks.study.core.records import RecordError, read_record
 
@@ -42,12 +42,23 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_tmp(tmp_path: Path) -> 
 
 
 def test_stale_tmp_files_of_dead_processes_are_removed(tmp_path: Path) -> None:
-    stale = tmp_path / f".x.json.tmp-{dead_pid()}"
-    live = tmp_path / f".y.json.tmp-{os.getppid()}"  # our parent is alive: maybe another runner writing
+    stale = tmp_path / f".x.json{TMP_MARK}{dead_pid()}-0123abcd"
+    live = tmp_path / f".y.json{TMP_MARK}{os.getppid()}-0123abcd"  # our parent is alive: maybe another runner writing
     stale.write_text("{partial")
     live.write_text("{partial")
+    # what lnblocks did not write stays, whatever its name looks like
+    users = [
+        ".notes.tmp-old",
+        f".notes.tmp-{dead_pid()}",
+        f".n{TMP_MARK}{dead_pid()}",
+        f"x{TMP_MARK}{dead_pid()}-0123abcd",
+    ]
+    for name in users:
+        (tmp_path / name).write_text("keep")
     assert remove_stale_tmp(tmp_path) == [stale]
-    assert live.exists() and not stale.exists()
+    assert live.exists() and not stale.exists() and all((tmp_path / n).read_text() == "keep" for n in users)
+    assert tmp_path / ".notes.tmp-old" not in remove_stale_tmp(tmp_path, every=True)
+    assert not live.exists()
 
 
 def test_incomplete_records_are_not_finished(tmp_path: Path) -> None:
@@ -96,7 +107,7 @@ def test_end_to_end_resume_and_report(tmp_path: Path, capsys: pytest.CaptureFixt
     # Simulated kill: one record truncated mid-write by hand, one temp file of a dead process left behind.
     victim = out / "runs" / f"{ids[3]}.json"
     victim.write_text(victim.read_text()[:100])
-    tmp = out / "runs" / f".{ids[3]}.json.tmp-{dead_pid()}"
+    tmp = out / "runs" / f".{ids[3]}.json{TMP_MARK}{dead_pid()}-0123abcd"
     tmp.write_text("{")
     before = {i: (out / "runs" / f"{i}.json").stat().st_mtime_ns for i in ids if i != ids[3]}
     assert run_study(TINY, out, show_progress=False, report=False) == 0

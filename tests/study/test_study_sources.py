@@ -72,7 +72,8 @@ def test_tokens_source_from_a_study_file_with_relative_paths(tmp_path: Path, mon
     records = [read_record(p) for p in sorted((tmp_path / "out" / "runs").glob("*.json"))]
     assert len(records) == 2
     for rec in records:
-        assert rec.config["data"]["train_path"] == str(tmp_path / "data" / "train.bin")
+        assert rec.result.corpus["train_path"] == str(tmp_path / "data" / "train.bin")  # the record names its data
+        assert rec.config["data"]["corpus"] == rec.result.corpus["digest"] and "train_path" not in rec.config["data"]
         assert rec.result.steps_done == 4
         assert rec.result.reference["uniform"] == pytest.approx(math.log(vocab), rel=1e-12)
         assert rec.result.reference["unigram"] == pytest.approx(expected, rel=1e-12)
@@ -135,8 +136,10 @@ def test_text_source_is_tokenized_once_and_its_reference_reaches_the_record(text
     assert run_study(cfg, texts / "out", show_progress=False, report=False) == 0
     assert "corpus: text (found in cache)" in capsys.readouterr().out  # the driver prepared it; nothing redone
     (rec,) = [read_record(p) for p in (texts / "out" / "runs").glob("*.json")]
-    assert rec.config["data"]["files"] == [str(texts / "texts/*.txt")]
-    assert rec.config["data"]["tokenizer"] == str(texts / "bpe" / "tokenizer.json")
+    # the record keeps the corpus by digest and a summary, not the list of files (issue 23, item 5)
+    assert "files" not in rec.config["data"] and "tokenizer" not in rec.config["data"]
+    assert rec.result.corpus["files"] == 2 and rec.result.corpus["tokenizer"] == str(texts / "bpe" / "tokenizer.json")
+    assert rec.config["data"]["corpus"] == rec.result.corpus["digest"]
     assert rec.result.reference["unigram"] == pytest.approx(expected, rel=1e-12)
     assert rec.result.reference["uniform"] == pytest.approx(math.log(300), rel=1e-12)
 

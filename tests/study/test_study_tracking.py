@@ -97,7 +97,7 @@ def test_replay_of_a_real_record_matches_its_fields(record: dict, tmp_path: Path
 
 
 def test_replay_reads_schema_2_records_and_starts_over_on_resume(record: dict, tmp_path: Path) -> None:
-    measurements = ("loss", "eval", "diagnostics", "reference", "model")
+    measurements = ("loss", "grad_norm", "eval", "diagnostics", "reference", "model")
     v2 = {"format": "lnblocks.study.run/2", "id": record["id"], "task": "lm", "config": record["config"],
           "result": {k: record[k] for k in measurements}}  # fmt: skip
     a = read_scalars(replay(record, tmp_path / "a").log_dir)

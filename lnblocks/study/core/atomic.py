@@ -1,11 +1,13 @@
 """Atomic file writes of the study (run records, manifests, reports, the corpus cache), and the clean-up of the
 temp files a killed writer leaves.
 
-``write_text_atomic`` writes to ``.<name>.tmp-<pid>`` in the same folder, fsyncs it and renames it into place
-(``os.replace`` is atomic on POSIX and Windows): a reader sees the old file or the complete new one, never half of
-one. ``write_json_atomic``, the one JSON writer, writes strict JSON that way (``NaN`` refused: callers store
-non-finite numbers as ``null`` with ``finite_or_null``). ``remove_stale_tmp`` deletes the temp files of processes
-that no longer run.
+``write_text_atomic`` writes to ``tmp_path(path)``, ``.<name>.lnblocks-tmp-<pid>-<8 hex>`` in the same folder (unique
+to the process and the call), fsyncs it and renames it into place (``os.replace`` is atomic on POSIX and Windows): a
+reader sees the old file or the complete new one, never half of one. ``write_json_atomic``, the one JSON writer,
+writes strict JSON that way (``NaN`` refused: callers store non-finite numbers as ``null`` with ``finite_or_null``).
+Every other temporary file of lnblocks (the corpus cache's token files) takes its name from ``tmp_path`` too, so
+``remove_stale_tmp`` can delete exactly the temp files of lnblocks processes that no longer run: any other file, a
+user's ``.notes.tmp-old`` included, is never touched.
 """
 
 from __future__ import annotations
@@ -13,11 +15,30 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-TMP_MARK = ".tmp-"
+TMP_MARK = ".lnblocks-tmp-"
+_TMP_TAIL = re.compile(r"^([0-9]+)-[0-9a-f]{8}$")
+
+
+def tmp_path(path: str | Path) -> Path:
+    """The temporary name to write ``path`` under before renaming it into place: ``.<name>.lnblocks-tmp-<pid>-<8
+    random hex>`` in the same folder (two writers, or two calls of one process, never share it)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def tmp_owner(name: str) -> int | None:
+    """The pid of the process that made the temporary name ``name`` (``tmp_path``'s form), None for any other."""
+    if not name.startswith(".") or TMP_MARK not in name:
+        return None
+    m = _TMP_TAIL.match(name.rpartition(TMP_MARK)[2])
+    return int(m.group(1)) if m else None
 
 
 def finite_or_null(obj: Any) -> Any:
@@ -40,7 +61,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (as given: no newline translation), creating its folder if needed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+    tmp = tmp_path(path)
     try:
         with open(tmp, "w", newline="") as f:
             f.write(text)
@@ -61,12 +82,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_tmp(folder: str | Path) -> list[Path]:
-    """Delete temp files left by processes that no longer run (a killed run); return what was removed."""
+def remove_stale_tmp(folder: str | Path, every: bool = False) -> list[Path]:
+    """Delete the temporary files (and folders) lnblocks wrote in ``folder`` (``tmp_path``'s names) whose process no
+    longer runs, or all of them with ``every`` (the caller holds the folder's lock); return what was removed. Other
+    files are never touched."""
     removed = []
-    for p in Path(folder).glob(f".*{TMP_MARK}*"):
-        pid = p.name.rpartition(TMP_MARK)[2]
-        if not pid.isdigit() or not _pid_alive(int(pid)) or int(pid) == os.getpid():
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for p in sorted(folder.iterdir()):
+        pid = tmp_owner(p.name)
+        if pid is None or not (every or pid == os.getpid() or not _pid_alive(pid)):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
             p.unlink(missing_ok=True)
-            removed.append(p)
+        removed.append(p)
     return removed

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from lnblocks.study.core.atomic import finite_or_null
 from lnblocks.study.core.stats import MAX_SEEDS, Estimate, seeds_needed
 
 SHARE_THRESHOLD = 0.5
@@ -171,9 +172,11 @@ class Claim:
         """``findings.json``: ``title``, ``status`` and ``text`` (what ``make demo`` prints) and the numbers."""
         v = self.verdict
         est = None
-        if v is not None:
+        if v is not None:  # an unbounded interval (one seed) is stored as null: JSON has no infinity
             e = v.estimate
-            est = {"value": e.value, "low": e.low, "high": e.high, "n": e.n, "label": e.label, "successes": e.successes}
+            est = finite_or_null(
+                {"value": e.value, "low": e.low, "high": e.high, "n": e.n, "label": e.label, "successes": e.successes}
+            )
         return {
             "id": self.id, "title": f"{self.id} {self.title}", "paper": self.paper, "status": self.status.lower(),
             "text": self.text, "estimate": est, "estimate_text": self.estimate, "settle": self.settle(),
@@ -197,6 +200,21 @@ def judged(cid: str, title: str, paper: str, est: Estimate | None, claim: str, t
     return dataclasses.replace(c, text=f"{text} Verdict: {c.status} ({c.verdict.claim}){settle}.")
 
 
+def md_line(text: Any) -> str:
+    """``text`` on one markdown line (newlines and tabs become spaces)."""
+    return " ".join(str(text).replace("\t", " ").splitlines())
+
+
+def md_cell(text: Any) -> str:
+    """``text`` as one markdown table cell: on one line, with ``|`` escaped (``|log Z|``, a label ``a|b``)."""
+    return md_line(text).replace("|", "\\|")
+
+
+def md_row(cells: Sequence[Any]) -> str:
+    """One markdown table row of ``cells`` (each escaped with ``md_cell``)."""
+    return "| " + " | ".join(md_cell(c) for c in cells) + " |"
+
+
 def claims_table(claims: list[Claim]) -> list[str]:
     """Markdown verdict table: id, claim, paper, estimate with its interval and n, verdict, what would settle an
     INCONCLUSIVE one, and the scale a claim needs."""
@@ -206,7 +224,5 @@ def claims_table(claims: list[Claim]) -> list[str]:
     ]
     for c in claims:
         needs = c.scale if c.outcome is None or str(c.outcome) != "REPRODUCED" else ""
-        lines.append(
-            f"| {c.id} | {c.title} | {c.paper} | {c.estimate or '–'} | {c.status} | {c.settle() or ''} | {needs} |"
-        )
+        lines.append(md_row([c.id, c.title, c.paper, c.estimate or "–", c.status, c.settle() or "", needs]))
     return lines

@@ -4,7 +4,9 @@
 - ``LocalProcessExecutor``: ``workers`` spawned processes, each fed through its own pipe and watched by its process
   sentinel, so a worker that dies (OOM killer, ``kill -9``) is noticed at once: its run is reported as lost, a new
   worker takes its place, and the sweep goes on. No shared queue or Manager process that a death could wedge.
-  Workers die with the runner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watchdog everywhere).
+  Workers die with the runner (``PR_SET_PDEATHSIG`` on Linux, and a parent-pid watchdog everywhere). They start
+  with SIGINT ignored: a Ctrl-C reaches the whole process group, and only the runner handles it (it stops the
+  workers at once and says so in one line), so no worker prints a traceback.
 
 Every executor trains a run with ``train_job``: the run's own pinned thread count (``run.threads``) and
 flush-to-zero for denormals, so a record does not depend on which executor or how many workers trained it. The Ray
@@ -14,6 +16,7 @@ the ranks, ``lnblocks.study.core.torchrun``) have the same interface: ``map(jobs
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -35,8 +38,9 @@ MAX_STARTUP_FAILURES = 3
 
 @dataclass(frozen=True)
 class Job:
-    """One run to train: the task's name and its run config (picklable), whether to draw a step bar, and where its
-    curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``).
+    """One run to train: the task's name and its run config (picklable), whether to draw a step bar, where its
+    curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``), and the
+    absolute folder of its checkpoints (``checkpoint_dir``, when the run asks for them: ``run.checkpoint``).
 
     ``call``: other work of the task for the same workers (the report's init profiles): a module-level function
     (picklable by reference) called as ``call(run, ctx)`` instead of the task's ``train``; ``run`` then only needs
@@ -47,6 +51,7 @@ class Job:
     show: bool = False
     tracking: Any = None
     out_dir: str | None = None
+    checkpoint_dir: str | None = None
     call: Callable[[Any, RunContext], Any] | None = None
 
     @property
@@ -57,12 +62,14 @@ class Job:
 @dataclass(frozen=True)
 class Outcome:
     """What came back for a job: its record (``value``: a ``Job.call``'s result), or an error message (``lost``: the
-    process training it died)."""
+    process training it died; ``fatal``: its checkpoints could not be written, a one-line message: no further run
+    should start)."""
 
     record: RunRecord | None = None
     error: str | None = None
     lost: bool = False
     value: Any = None
+    fatal: bool = False
 
 
 class Executor(Protocol):
@@ -80,7 +87,13 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> A
 
     from lnblocks.study.core.allocator import tune_allocator
 
-    ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist or DistContext())
+    dist = dist or DistContext()
+    checkpoints = None
+    if job.checkpoint_dir is not None:
+        from lnblocks.study.core.checkpoint import Checkpoints
+
+        checkpoints = Checkpoints(job.checkpoint_dir, job.run.checkpoint, job.run.digest, dist)
+    ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist, checkpoints)
     threads = torch.get_num_threads()
     tune_allocator()  # glibc keeps the step's big buffers instead of re-faulting them (docs/cluster.md)
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
@@ -95,8 +108,12 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> A
 
 def execute(job: Job, position: int = 0) -> Outcome:
     """``train_job``, with an exception turned into an error outcome (the other runs of the sweep go on)."""
+    from lnblocks.study.core.checkpoint import CheckpointError
+
     try:
         out = train_job(job, position)
+    except CheckpointError as err:  # a full disk or a folder that went away: one line, and stop the sweep
+        return Outcome(error=str(err), fatal=True)
     except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
         return Outcome(error=traceback.format_exc())
     return Outcome(record=out) if job.call is None else Outcome(value=out)
@@ -184,7 +201,8 @@ class LocalProcessExecutor:
         proc = self._ctx.Process(
             target=_worker_main, args=(child, os.getpid(), position), daemon=True, name=f"lnblocks-worker-{position}"
         )
-        proc.start()
+        with _sigint_ignored():  # inherited by the child from its first instruction: Ctrl-C is the runner's
+            proc.start()
         child.close()
         return _Worker(proc, parent, position)
 
@@ -192,6 +210,7 @@ class LocalProcessExecutor:
         pool = [self._start(i + 1) for i in range(self.workers)]
         startup_failures = 0
         exhausted = False
+        interrupted = False
         try:
             while True:
                 for w in pool:  # hand out work to idle, started workers
@@ -230,8 +249,11 @@ class LocalProcessExecutor:
                             )
                     w.conn.close()
                     pool[i] = self._start(w.position)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            self._shutdown(pool)
+            self._shutdown(pool, at_once=interrupted)
 
     @staticmethod
     def _drain(w: _Worker, on_result: Callable[[Job, Outcome], None]) -> None:
@@ -247,20 +269,36 @@ class LocalProcessExecutor:
             pass
 
     @staticmethod
-    def _shutdown(pool: list[_Worker]) -> None:
+    def _shutdown(pool: list[_Worker], at_once: bool = False) -> None:
+        """Stop the workers: idle ones are told to exit; busy ones (the runner is being interrupted) are killed,
+        after 5 s, or ``at_once`` (a Ctrl-C: their runs are redone by the next runner)."""
         for w in pool:
             try:
                 if w.proc.is_alive() and w.job is None:
                     w.conn.send(None)
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + (0.0 if at_once else 5.0)
         for w in pool:
             w.proc.join(max(0.0, deadline - time.monotonic()))
             if w.proc.is_alive():  # still training (the runner is being interrupted)
                 w.proc.kill()
                 w.proc.join()
             w.conn.close()
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process while the block runs (what a child started in it inherits); a no-op off
+    the main thread, where signal handlers cannot be changed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def make_executor(workers: int) -> Executor:

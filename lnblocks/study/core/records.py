@@ -3,13 +3,16 @@
 
 A record is what a task's ``train`` returns for one run. The runner writes records and the report reads them; the
 result type of each task (``Task.result_type``: a frozen dataclass with ``CONFIG``/``TIME``/``SPEC`` class
-attributes naming the keys to check) comes from the task registry.
+attributes naming the keys to check, and optionally a ``check_json(record, source)`` classmethod for nested
+entries and value ranges) comes from the task registry. A record that passes is one every report of its task can read.
 
 JSON layout (schema ``lnblocks.study.run/2``)::
 
     {"format": "lnblocks.study.run/2", "task": <task name>, "id": ..., "status": "finished" | "diverged",
      "labels": {grid axis: value label}, "config": {the resolved run config}, "result": {task's measurements},
      "time": {"wall_s", "cpu_s", ...}, "env": {"torch", "device", "threads", "host", "pid", ...}}
+
+``env.resumed_from`` (when present): the steps of the checkpoints the run was resumed from.
 
 Non-finite numbers are stored as ``null`` (JSON has no NaN). Every record passes through its task's
 ``upgrade_record`` (if any) before it is checked, so a task reads what older versions of it wrote; records of
@@ -33,6 +36,7 @@ from lnblocks.study.core.tasks import default_task_name, get_task, task_names
 SCHEMA = "lnblocks.study.run/2"
 SCHEMA_V1 = "lnblocks.study.run/1"
 STATUSES = ("finished", "diverged")
+EXECUTION_ENV = ("host", "pid", "resumed_from")  # env fields that say how a run was executed, not what it computed
 
 _NUM = (int, float)
 
@@ -137,10 +141,11 @@ class RunRecord:
         return finite_or_null(out)
 
     def deterministic_json(self) -> dict[str, Any]:
-        """``to_json`` without ``time`` and the host/pid of ``env``: what must not depend on scheduling."""
+        """``to_json`` without ``time`` and the host, pid and ``resumed_from`` of ``env``: what must not depend on
+        scheduling, nor on whether the run was interrupted and resumed from a checkpoint."""
         out = self.to_json()
         out.pop("time")
-        out["env"] = {k: v for k, v in out["env"].items() if k not in ("host", "pid")}
+        out["env"] = {k: v for k, v in out["env"].items() if k not in EXECUTION_ENV}
         return out
 
     @classmethod
@@ -169,6 +174,8 @@ class RunRecord:
         unknown = sorted(set(obj["result"]) - names)
         if unknown:
             raise RecordError(source, f"result.{unknown[0]}", f"is not a field of {kind.__name__}")
+        if hasattr(kind, "check_json"):  # what the flat key specs cannot say (nested entries, value ranges)
+            kind.check_json(obj, source)
         return cls(
             id=obj["id"],
             task=obj["task"],

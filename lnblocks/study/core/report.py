@@ -2,12 +2,14 @@
 go to the task's ``report``. Rebuildable at any time with ``lnblocks study report OUT``.
 
 Records that are missing or fail validation are named (file and key) on stderr and handed to the task's report,
-which names them too; the report is built from the valid ones. A ``study.json`` that cannot be read is an error
-naming it.
+which names them too; the report is built from the valid ones. The report reads the records ``study.json`` lists,
+never others: a folder without one is an error (``runs/`` may hold records of other configs), and so is a
+``study.json`` that cannot be read or whose run ids are not plain file names inside ``runs/``.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,19 +18,40 @@ from typing import Any
 from lnblocks.study.core.records import RecordError, RunRecord, read_json, read_record
 from lnblocks.study.core.tasks import get_task
 
+_RUN_ID = re.compile(r"[^\x00-\x1f./\\][^\x00-\x1f/\\]{0,199}")  # a file name in runs/: not hidden, . or ..
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """``out/study.json``, checked: a JSON object whose ``run_ids`` are file names inside ``runs/`` and whose
+    ``task`` (if any) is a string; ``RecordError`` naming the file and key otherwise."""
+    path = out / "study.json"
+    if not path.exists():
+        if (out / "runs").is_dir():
+            raise FileNotFoundError(
+                f"{out} has no study.json, so which of runs/*.json belong to one study is unknown (the folder may hold "
+                f"records of other configs); `lnblocks study run CONFIG --out {out}` rewrites it, keeping finished runs"
+            )
+        raise FileNotFoundError(f"{out} is not a study output folder (no study.json, no runs/)")
+    manifest = read_json(path, "study manifest")
+    if not isinstance(manifest, dict):
+        raise RecordError(str(path), "", f"must be a JSON object, got {type(manifest).__name__}")
+    ids = manifest.get("run_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise RecordError(str(path), "run_ids", "must be a list of run ids (strings)")
+    bad = [i for i in ids if not _RUN_ID.fullmatch(i)]
+    if bad:
+        raise RecordError(str(path), "run_ids", f"must be file names inside runs/, got {bad[0][:60]!r}")
+    if not isinstance(manifest.get("task", ""), str) or not isinstance(manifest.get("analysis", {}) or {}, dict):
+        raise RecordError(str(path), "task", "and analysis must be a string and a mapping")
+    return manifest
+
 
 def load_records(out_dir: str | Path) -> tuple[list[RunRecord], dict[str, Any], list[str]]:
-    """The valid run records of the study in ``out_dir`` (those listed in ``study.json`` when it exists), its
-    manifest, and one line per listed run without a valid record (missing, truncated, a key missing...)."""
+    """The valid run records of the study in ``out_dir`` (those ``study.json`` lists), its manifest, and one line
+    per listed run without a valid record (missing, truncated, a key missing...)."""
     out = Path(out_dir)
-    manifest: dict[str, Any] = {}
-    if (out / "study.json").exists():
-        manifest = read_json(out / "study.json", "study manifest")
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("run_ids", []), list):
-            raise RecordError(str(out / "study.json"), "run_ids", "must be a list of run ids in a JSON object")
-    elif not (out / "runs").is_dir():
-        raise FileNotFoundError(f"{out} is not a study output folder (no study.json, no runs/)")
-    ids = manifest.get("run_ids") or [p.stem for p in sorted((out / "runs").glob("*.json"))]
+    manifest = read_manifest(out)
+    ids = manifest["run_ids"]
     records, problems = [], []
     for run_id in ids:
         path = out / "runs" / f"{run_id}.json"
@@ -43,11 +66,17 @@ def load_records(out_dir: str | Path) -> tuple[list[RunRecord], dict[str, Any], 
 
 
 def build_report(
-    out_dir: str | Path, *, plots: bool = True, echo: bool = True, open_executor: Callable[[int], Any] | None = None
+    out_dir: str | Path,
+    *,
+    plots: bool = True,
+    echo: bool = True,
+    show_progress: bool | None = None,
+    open_executor: Callable[[int], Any] | None = None,
 ) -> int:
     """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record.
-    ``open_executor(n)``: an executor for ``n`` jobs of the report's own (the lm task's init profiles), e.g. the
-    study's; None: the task computes them in this process."""
+    ``show_progress``: draw progress bars of the report's own work (default: when stderr is a terminal, as the
+    runner's bars). ``open_executor(n)``: an executor for ``n`` jobs of the report's own (the lm task's init
+    profiles), e.g. the study's; None: the task computes them in this process."""
     out = Path(out_dir)
     records, manifest, problems = load_records(out)
     for line in problems:
@@ -65,4 +94,7 @@ def build_report(
     task = manifest.get("task") or tasks[0]
     if tasks != [task]:
         raise RecordError(str(out / "runs"), "task", f"records of several tasks {tasks} in one study folder")
-    return get_task(task).report(out, records, manifest, problems, plots=plots, echo=echo, open_executor=open_executor)
+    show = sys.stderr.isatty() if show_progress is None else show_progress
+    return get_task(task).report(
+        out, records, manifest, problems, plots=plots, echo=echo, show_progress=show, open_executor=open_executor
+    )

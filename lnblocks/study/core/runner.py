@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from lnblocks.study.core.checkpoint import check_folder, checkpoint_folder, remove_folder
 from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
-from lnblocks.study.core.outdir import RunLock, check_record, init_out_dir, pending_runs, record_path
+from lnblocks.study.core.outdir import RunLock, check_record, claim_out_dir, pending_runs, record_path
 from lnblocks.study.core.records import write_record
 from lnblocks.study.core.study_config import StudyConfig, load_study
 from lnblocks.study.core.tasks import Task, get_task
@@ -105,7 +106,11 @@ def run_study(
     out = Path(out_dir)
     show = sys.stderr.isatty() if show_progress is None else show_progress
     if name != "torchrun":
-        return _run(study, task, out, show, report, lambda todo: _local_or_ray(name, workers, todo, study, ray_address))
+
+        def pool(todo: int) -> Executor:
+            return _local_or_ray(name, workers, todo, study, ray_address)
+
+        return _run(study, task, out, show, report, pool, here=name == "local")
     from lnblocks.study.core.torchrun import TorchrunExecutor
 
     ddp = TorchrunExecutor(task, study.runs()[0])
@@ -114,7 +119,10 @@ def run_study(
             ddp.serve()
             return 0
         # the report's own jobs run on rank 0 alone: the other ranks stop serving when the runs are done
-        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", report_pool=False)
+        return _run(
+            study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", ddp.dist.world_size,
+            report_pool=False,
+        )  # fmt: skip
     finally:
         ddp.close()
 
@@ -127,17 +135,44 @@ def _run(
     report: bool,
     open_pool: Callable[[int], Executor],
     how: str = "",
+    world_size: int = 1,
+    here: bool = True,
     report_pool: bool = True,
 ) -> int:
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
-    ``open_pool(n)``: the executor for ``n`` runs to train; ``report_pool``: the report's own jobs (init profiles)
-    go to ``open_pool`` too."""
-    runs_dir = init_out_dir(study, out)
-    todo, done, problems = pending_runs(study, runs_dir)
+    ``open_pool(n)``: the executor for ``n`` runs to train; ``here``: whether they train on this machine. Runs with
+    ``checkpoint`` resume from their newest valid checkpoint (``core.checkpoint``): their folders are checked before
+    any run trains (for ``world_size`` processes per run) and removed once the record is written. ``report_pool``:
+    the report's own jobs (init profiles) go to ``open_pool`` too."""
+    runs = study.runs()
+    if task.resolve_runs is not None:  # what each run trains on is part of its id (a corpus's digest)
+        runs = task.resolve_runs(runs, show)
+    with claim_out_dir(study, out, runs) as runs_dir:  # one study per folder, held until its report is written
+        return _sweep(study, task, out, runs_dir, show, report, open_pool, how, here, runs, world_size, report_pool)
+
+
+def _sweep(
+    study: StudyConfig,
+    task: Task,
+    out: Path,
+    runs_dir: Path,
+    show: bool,
+    report: bool,
+    open_pool: Callable[[int], Executor],
+    how: str,
+    here: bool,
+    runs: list[Any],
+    world_size: int,
+    report_pool: bool,
+) -> int:
+    todo, done, problems = pending_runs(study, runs_dir, runs)
+    if todo and here and task.check_runs is not None:  # a device this machine lacks: refused before any run
+        task.check_runs(todo)
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
     total = done + len(todo)
-    ids = {r.run_id for r in study.runs()}
+    folders = _checkpoint_folders(todo, out, world_size)  # CheckpointError (exit 2) before anything trains
+    ids = {r.run_id for r in runs}
     others = [p for p in runs_dir.glob("*.json") if p.stem not in ids]
     if others:
         print(
@@ -146,6 +181,9 @@ def _run(
             file=sys.stderr,
         )
     print(f"study {study.name!r}{how}: {total} runs, {done} already finished, {len(todo)} to run -> {out}", flush=True)
+    if study.tracking.enabled and done:
+        for line in _curves_of_finished(study, task, out, runs_dir, runs, {r.run_id for r in todo}):
+            print(line, file=sys.stderr, flush=True)
     pool = open_pool(len(todo))
     if todo and task.before_runs is not None:  # tokenize a corpus once here, not in every worker at the same time
         for line in task.before_runs(todo, show):
@@ -153,12 +191,15 @@ def _run(
     live = pool.live_tracking
     tracking = study.tracking if study.tracking.enabled else None
     failed: list[tuple[str, str]] = []
+    fatal: list[str] = []
     elsewhere: list[str] = []
     locks: dict[str, RunLock] = {}
     bar = _bar(total, done, show)
 
     def jobs() -> Iterator[Job]:
         for run in todo:
+            if fatal:  # a checkpoint could not be written (a full disk): start nothing more
+                return
             lock = RunLock(runs_dir, run.run_id)
             if not lock.acquire():
                 elsewhere.append(run.run_id)
@@ -169,15 +210,21 @@ def _run(
                 bar.update(1)
                 continue
             locks[run.run_id] = lock
-            yield Job(study.task, run, show and live, tracking if live else None, str(out))
+            folder = folders.get(run.run_id)
+            yield Job(study.task, run, show and live, tracking if live else None, str(out), folder and str(folder))
 
     def finished(job: Job, outcome: Outcome) -> None:
         try:
             if outcome.record is not None:
                 write_record(record_path(runs_dir, job.run_id), outcome.record)
+                if job.checkpoint_dir is not None and not job.run.checkpoint.keep_finished:
+                    remove_folder(Path(job.checkpoint_dir))  # the record holds everything now
                 if tracking is not None and not live:
                     task.replay_curves(outcome.record, out, tracking)
                 bar.write(task.outcome(outcome.record))
+            elif outcome.fatal:
+                fatal.append(f"run {job.run_id}: {outcome.error}")
+                bar.write(f"{job.run_id}: FAILED: {outcome.error}")
             else:
                 failed.append((job.run_id, outcome.error or "unknown error"))
                 bar.write(f"{job.run_id}: FAILED\n{outcome.error}")
@@ -200,12 +247,56 @@ def _run(
             f"`lnblocks study report {out}` when it ends",
             file=sys.stderr,
         )
-    code = 1 if failed else 0
+    for line in fatal:
+        print(f"lnblocks: error: {line}", file=sys.stderr)
+    code = 2 if fatal else 1 if failed else 0
     if report:
         from lnblocks.study.core.report import build_report
 
-        code = build_report(out, open_executor=open_pool if report_pool else None) or code
+        code = build_report(out, show_progress=show, open_executor=open_pool if report_pool else None) or code
     return code
+
+
+def _curves_of_finished(
+    study: StudyConfig, task: Task, out: Path, runs_dir: Path, runs: list[Any], todo: set[str]
+) -> list[str]:
+    """Tracking turned on for runs that finished without it: write their TensorBoard curves from their records
+    (``task.replay_curves``: the points a live run logs); W&B runs are not replayed (each replay would be a new W&B
+    run), which the returned lines say."""
+    from lnblocks.study.core.records import read_record
+    from lnblocks.study.core.tracking import TrackingConfig
+
+    finished = [r.run_id for r in runs if r.run_id not in todo]
+    lines = []
+    if study.tracking.tensorboard:
+        bare = [i for i in finished if not any((out / "tensorboard" / i).glob("events.out.tfevents.*"))]
+        only_tb = TrackingConfig(tensorboard=True, flush_secs=study.tracking.flush_secs)
+        for run_id in bare:
+            task.replay_curves(read_record(record_path(runs_dir, run_id)), out, only_tb)  # type: ignore[misc]
+        if bare:
+            lines.append(
+                f"tracking: wrote the TensorBoard curves of {len(bare)} run(s) that finished without tracking, from "
+                f"their records, under {out / 'tensorboard'}"
+            )
+    if study.tracking.wandb and not (out / "wandb").exists():  # W&B newly turned on for this folder
+        lines.append(
+            f"note: tracking.wandb logs the runs trained from now on; the {len(finished)} that finished before are "
+            "not sent to W&B (their curves are in their records, and in TensorBoard with tracking.tensorboard)"
+        )
+    return lines
+
+
+def _checkpoint_folders(todo: list[Any], out: Path, world_size: int) -> dict[str, Path]:
+    """The checkpoint folder of every pending run that asks for checkpoints (``run.checkpoint``), each checked to be
+    writable and to hold no checkpoint of another config, lnblocks format or world size."""
+    folders = {}
+    for run in todo:
+        cfg = getattr(run, "checkpoint", None)
+        if cfg is not None:
+            folder = checkpoint_folder(cfg, out, run.run_id)
+            check_folder(folder, run.digest, world_size)
+            folders[run.run_id] = folder
+    return folders
 
 
 def _bar(total: int, initial: int, show: bool) -> Any:

@@ -73,8 +73,14 @@ class GridAxis:
 
     @property
     def keys(self) -> list[str]:
-        """Every dotted key this axis sets."""
+        """Every dotted key this axis sets (in some of its values)."""
         return sorted({k for _, overrides in self.values for k, _ in overrides})
+
+    @property
+    def keys_in_every_run(self) -> list[str]:
+        """The dotted keys every value of this axis sets: what it overrides in every run."""
+        sets = [{k for k, _ in overrides} for _, overrides in self.values]
+        return sorted(set.intersection(*sets)) if sets else []
 
 
 def _scalar_label(value: Any) -> str:
@@ -130,14 +136,25 @@ def parse_axis(name: Any, spec: Any, check_key: Callable[[str, str], None]) -> G
             f"got {spec!r} (a dotted key such as 'model.depth' takes a list of values)",
         )
     values = []
+    given: dict[str, Any] = {}  # label as the ids and the report write it -> the key as the file gave it
     for label, overrides in spec.items():
+        text = str(label)
+        if not text.strip():
+            raise ConfigValueError(f"grid.{name}", f"labels must be non-empty names, got {label!r}")
+        if text in given:
+            raise ConfigValueError(
+                f"grid.{name}",
+                f"labels {given[text]!r} and {label!r} are both {text!r} as the run ids, --set and the report "
+                "write them; give the values distinct names",
+            )
+        given[text] = label
         if not isinstance(overrides, dict) or not overrides:
             raise ConfigValueError(
                 f"grid.{name}.{label}", f"must be a mapping of dotted keys to values, got {overrides!r}"
             )
         for key in overrides:
             check_key(str(key), f"grid.{name}.{label}")
-        values.append((str(label), tuple((str(k), v) for k, v in overrides.items())))
+        values.append((text, tuple((str(k), v) for k, v in overrides.items())))
     return GridAxis(name, tuple(values))
 
 
@@ -278,7 +295,7 @@ def check_inherited_overrides(merged: MergedFile, axes: Sequence[GridAxis]) -> N
         axis_at = merged.axis_file.get(axis.name)
         if axis_at is None:
             continue
-        for key in axis.keys:
+        for key in axis.keys_in_every_run:
             for leaf, at in merged.option_file.items():
                 related = leaf == key or leaf.startswith(key + ".") or key.startswith(leaf + ".")
                 if related and at > axis_at:

@@ -1,19 +1,24 @@
 """A study file on disk, and ``--set`` overrides, to the one merged mapping a task validates.
 
-Reading. The loader differs from ``yaml.safe_load`` in two ways that matter for configs: numbers with an exponent
-and no dot (``1e-3``, ``3E+4``) are floats, as in YAML 1.2 (YAML 1.1 reads them as strings), so configs never coerce
-strings to numbers; and a key given twice in one mapping is an error naming the file, the line and the key
-(``safe_load`` silently keeps the last one, dropping a whole section). A study file must be a mapping; an empty
-file, a list or a scalar is an error naming the file. ``extends: base.yaml`` (or a list) deep-merges the base files
-first, recording which file set each option and grid axis (``MergedFile``).
+Reading. Scalars are read with the YAML 1.2 core schema, in study files and ``--set`` values alike (PyYAML's
+``safe_load`` uses YAML 1.1): ``010`` is the int 10 (not octal 8), ``0o17`` and ``0x1f`` are octal and hex,
+``1e-3`` and ``3E+4`` are floats, ``.inf`` and ``.nan`` too; ``1:30`` (1.1's base 60), ``1_000``, ``yes``/``no``/
+``on``/``off`` and dates are strings (so a config that meant a number or a bool gets a type error naming the key);
+``true``/``false`` and ``null``/``~`` are what they say. YAML merge keys (``<<: *anchor``) work. A key given twice in
+one mapping is an error naming the file, the line and the key (``safe_load`` silently keeps the last one, dropping a
+whole section). A study file must be UTF-8 text holding a mapping; an empty file, a list or a scalar is an error
+naming the file (never quoting it whole). ``extends: base.yaml`` (or a list) deep-merges the base files first,
+recording which file set each option and grid axis (``MergedFile``).
 
 Paths. Relative file paths among the options (the task's ``path_keys``, e.g. ``data.train_path``) are joined to the
 folder of the file that set them (``resolve_file_paths``), so a study runs the same from any folder and on any node
 that sees the same paths; paths given as overrides resolve against the current folder.
 
-Overrides. ``apply_overrides(raw, changes)``: a dotted key sets that option; a grid axis takes a list of values (a
-scalar is a list of one; a named axis takes a list of its labels), which shrinks the grid; an option that a grid
-axis sets in every run is refused. ``parse_value`` reads one ``--set key=VALUE`` value as YAML.
+Overrides. ``apply_overrides(raw, changes)``: a dotted key sets that option (a section given a mapping,
+``model={depth: 2, dim: 8}``, sets each key it names); a grid axis takes a list of values (a scalar is a list of
+one; a named axis takes a list of its labels), which shrinks the grid; an option that a grid axis sets in every run
+(a dotted axis, or a key every bundle of a named axis sets) is refused; ``extends``, ``task`` and ``grid.*`` are not
+overridable. ``parse_value`` reads one ``--set key=VALUE`` value as YAML.
 """
 
 from __future__ import annotations
@@ -34,23 +39,54 @@ from lnblocks.config import ConfigTypeError, ConfigValueError
 REPLACED_WHOLE = ("norm", "qk_norm")
 # Top-level keys that are not sections of run options.
 META_KEYS = ("extends", "name", "description", "task", "grid")
+# Top-level keys ``--set`` cannot change: the files are merged, and the task chosen, before overrides apply.
+NOT_OVERRIDABLE = ("extends", "task")
 
-_EXP_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+# The YAML 1.2 core schema's implicit scalars (https://yaml.org/spec/1.2.2/#1032-tag-resolution), by tag.
+_CORE_SCHEMA = (
+    ("tag:yaml.org,2002:null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", r"^(?:true|True|TRUE|false|False|FALSE)$", list("tTfF")),
+    ("tag:yaml.org,2002:int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", list("-+0123456789")),
+    (
+        "tag:yaml.org,2002:float",
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        list("-+.0123456789"),
+    ),
+)
+_SCHEMA_1_1 = {"tag:yaml.org,2002:" + t for t in ("null", "bool", "int", "float", "timestamp", "value")}
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a message never quotes a whole file)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class StudyFileError(ValueError):
     """A study file that cannot be read as a config (not YAML, not a mapping, duplicated key, bad ``extends``)."""
 
 
+def _construct_int(loader: Any, node: Any) -> int:
+    """A YAML 1.2 int: decimal (leading zeros are decimal), ``0o`` octal or ``0x`` hex."""
+    text = loader.construct_scalar(node)
+    sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    for prefix, base in (("0o", 8), ("0x", 16)):
+        if digits.startswith(prefix):
+            return sign * int(digits[2:], base)
+    return sign * int(digits, 10)
+
+
 def _loader_class() -> type:
     yaml = require("yaml")
 
     class StrictLoader(yaml.SafeLoader):
-        """``SafeLoader`` + YAML 1.2 exponent floats + duplicate keys rejected."""
+        """``SafeLoader`` with the YAML 1.2 core schema's scalars and duplicate keys rejected."""
 
         def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
             seen: dict[Any, int] = {}
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: merged by SafeLoader, may repeat
+                    continue
                 key = self.construct_object(key_node, deep=True)
                 line = key_node.start_mark.line + 1
                 if key in seen:
@@ -61,7 +97,13 @@ def _loader_class() -> type:
                 seen[key] = line
             return super().construct_mapping(node, deep=deep)
 
-    StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+.0123456789"))
+    StrictLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in _SCHEMA_1_1]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    for tag, pattern, first in _CORE_SCHEMA:
+        StrictLoader.add_implicit_resolver(tag, re.compile(pattern), first)
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
     return StrictLoader
 
 
@@ -80,8 +122,16 @@ def _parse(text: str, where: str, invalid: str) -> Any:
 
 
 def read_yaml(path: Path) -> Any:
-    """Parse one YAML file with the strict loader; syntax errors become ``StudyFileError`` naming the file."""
-    return _parse(Path(path).read_text(), str(path), "not valid YAML")
+    """Parse one YAML file with the strict loader; a file that is not UTF-8 text or not YAML is a
+    ``StudyFileError`` naming it."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise StudyFileError(
+            f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); a study file is "
+            "UTF-8 YAML"
+        ) from None
+    return _parse(text, str(path), "not valid YAML")
 
 
 def parse_value(text: str, where: str = "value") -> Any:
@@ -96,9 +146,8 @@ def read_mapping(path: Path, what: str = "a study config") -> dict[str, Any]:
     if raw is None:
         raise StudyFileError(f"{path}: the file is empty; {what} is a mapping of sections (data:, model:, ...)")
     if not isinstance(raw, dict):
-        raise StudyFileError(
-            f"{path}: {what} must be a mapping of sections (data:, model:, ...), got a {type(raw).__name__} {raw!r}"
-        )
+        got = f"text ({len(raw)} characters)" if isinstance(raw, str) else f"a {type(raw).__name__} {_short(raw)}"
+        raise StudyFileError(f"{path}: {what} must be a mapping of sections (data:, model:, ...), got {got}")
     bad = [k for k in raw if not isinstance(k, str)]
     if bad:
         raise StudyFileError(f"{path}: top-level keys must be strings, got {bad[0]!r}")
@@ -154,11 +203,10 @@ def _merge_into(result: MergedFile, path: Path, chain: tuple[Path, ...]) -> None
         where = f" (extended by {chain[-1]})" if chain else ""
         raise FileNotFoundError(f"study config {str(path)!r} not found{where}")
     raw = read_mapping(path)
-    parents = raw.pop("extends", None) or []
-    if isinstance(parents, str):
-        parents = [parents]
-    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
-        raise StudyFileError(f"{path}: extends must be a file name or a list of them, got {parents!r}")
+    given = raw.pop("extends", None)
+    parents = [] if given is None else [given] if isinstance(given, str) else given
+    if not isinstance(parents, list) or not all(isinstance(p, str) and p.strip() for p in parents):
+        raise StudyFileError(f"{path}: extends must be a file name or a list of file names, got {_short(given)}")
     for parent in parents:
         _merge_into(result, (path.parent / parent).resolve(), (*chain, path))
     index = len(result.files)
@@ -251,16 +299,44 @@ def resolve_file_paths(merged: MergedFile, path_keys: Mapping[str, Sequence[str]
     return raw
 
 
-def _axis_keys(name: str, spec: Any) -> set[str]:
+def axis_keys_in_every_run(name: str, spec: Any) -> set[str]:
+    """The dotted keys grid axis ``name`` sets in every run: a dotted axis its own key; a named axis the keys that
+    every one of its bundles sets (a key only some bundles set is the base value in the others' runs)."""
     if "." in name:
         return {name}
-    if isinstance(spec, dict):
-        return {str(k) for bundle in spec.values() if isinstance(bundle, dict) for k in bundle}
-    return set()
+    bundles = list(spec.values()) if isinstance(spec, dict) else []
+    if not bundles or not all(isinstance(b, dict) for b in bundles):
+        return set()
+    return set.intersection(*({str(k) for k in b} for b in bundles))
 
 
-def _related(a: str, b: str) -> bool:
-    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+def _inside(key: str, axis_key: str) -> bool:
+    """Whether setting ``key`` changes what ``axis_key`` sets (the same key, or a key inside it)."""
+    return key == axis_key or key.startswith(axis_key + ".")
+
+
+def _expanded(changes: Mapping[str, Any], axes: Sequence[str]) -> dict[str, Any]:
+    """``changes`` with a section given as a mapping (``model={depth: 2}``) as one change per key it names (a grid
+    axis given a mapping, ``variant={...}``, stays whole: its new bundles)."""
+    out: dict[str, Any] = {}
+    for key, value in changes.items():
+        if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
+            raise ConfigValueError(str(key), "is not a dotted config key (e.g. train.steps)")
+        if key in NOT_OVERRIDABLE or key == "grid" or key.startswith("grid."):
+            why = {
+                "extends": "the study file's base files are merged before overrides apply; write a study file that "
+                "extends the others instead",
+                "task": "a study file's task decides what its keys mean; use a study file of the other task",
+            }.get(key, "give a grid axis by its own name instead (e.g. --set model.depth=[2, 4])")
+            raise ConfigValueError(key, f"cannot be overridden: {why}")
+        if "." not in key and key not in META_KEYS and key not in axes and isinstance(value, dict) and value:
+            for sub, v in value.items():
+                if not isinstance(sub, str):
+                    raise ConfigValueError(key, f"keys must be strings, got {sub!r}")
+                out[f"{key}.{sub}"] = v
+        else:
+            out[key] = value
+    return out
 
 
 def apply_overrides(
@@ -268,28 +344,33 @@ def apply_overrides(
 ) -> dict[str, Any]:
     """A copy of the study mapping ``raw`` with dotted-key ``changes``: a grid axis takes a list of values (a
     scalar is a list of one; a named axis takes a list of its labels), any other key sets that option (validated
-    when the study is built). Relative paths among the changes resolve against the current folder."""
+    when the study is built; a section given a mapping sets each key it names). Relative paths among the changes
+    resolve against the current folder."""
     out = copy.deepcopy(dict(raw))
     grid = out.get("grid") if isinstance(out.get("grid"), dict) else {}
-    for key, value in changes.items():
-        if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
-            raise ConfigValueError(str(key), "is not a dotted config key (e.g. train.steps)")
+    for key, value in _expanded(changes, list(grid)).items():
         value = copy.deepcopy(value)
         if key in grid:
             grid[key] = _axis_override(key, grid[key], value)
             resolve_grid_paths(grid, key, Path.cwd(), path_keys)
             _drop_from_extra_grids(out, key)
             continue
-        setters = [axis for axis, spec in grid.items() if any(_related(key, k) for k in _axis_keys(axis, spec))]
+        setters = [
+            (axis, k) for axis, spec in grid.items() for k in sorted(axis_keys_in_every_run(axis, spec))
+            if _inside(key, k)
+        ]  # fmt: skip
         if setters:
+            axis, k = setters[0]
+            what = "" if axis == k else f" (every value of the axis sets {k})"
             raise ConfigValueError(
-                key, f"is set by the grid axis {setters[0]!r} in every run; override the axis instead "
-                f"(e.g. {setters[0]}=[...])"
+                key, f"is set by the grid axis {axis!r} in every run{what}; override the axis instead "
+                f"(e.g. {axis}=[...])"
             )  # fmt: skip
         if key in path_keys:
             value = absolute_paths(value, Path.cwd(), path_keys[key])
-        if key.split(".")[0] in out and not isinstance(out[key.split(".")[0]], dict) and "." in key:
-            raise ConfigTypeError(key.split(".")[0], f"must be a mapping to set {key}")
+        head = key.split(".")[0]
+        if "." in key and head in out and not isinstance(out[head], dict):
+            raise ConfigTypeError(head, f"must be a mapping to set {key}, got {type(out[head]).__name__}")
         set_dotted(out, key, value)
     return out
 
@@ -315,7 +396,9 @@ def _axis_override(name: str, spec: Any, value: Any) -> Any:
         return values
     if isinstance(value, dict):
         return value
-    unknown = [str(v) for v in values if str(v) not in {str(k) for k in spec}]
+    labels = [str(k) for k in spec]
+    unknown = [str(v) for v in values if str(v) not in labels]
     if unknown:
-        raise ConfigValueError(f"grid.{name}", f"has no value labelled {unknown[0]!r}; its labels: {list(spec)}")
-    return {k: v for k, v in spec.items() if str(k) in {str(x) for x in values}}
+        raise ConfigValueError(f"grid.{name}", f"has no value labelled {unknown[0]!r}; its labels: {labels}")
+    wanted = {str(x) for x in values}
+    return {k: v for k, v in spec.items() if str(k) in wanted}

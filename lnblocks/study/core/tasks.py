@@ -18,6 +18,7 @@ from lnblocks.config import ConfigValueError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from lnblocks.study.core.checkpoint import Checkpoints
     from lnblocks.study.core.records import RunRecord
     from lnblocks.study.core.tracking import TrackingConfig
 
@@ -43,13 +44,16 @@ class DistContext:
 class RunContext:
     """How one run trains, besides its config: whether to draw a step bar (``position``: its tqdm row), where its
     curves go while it trains (``tracking`` is set only when the executor logs live; ``out_dir`` the study folder),
-    and this process's place in a ``torchrun`` job."""
+    this process's place in a ``torchrun`` job, and the run's checkpoints (``checkpoints``: a
+    ``core.checkpoint.Checkpoints`` when the run asks for them, else None): a task that supports them resumes from
+    ``checkpoints.latest()`` and saves its state when ``checkpoints.due(step)`` says so."""
 
     show_progress: bool = False
     position: int = 0
     out_dir: str | None = None
     tracking: TrackingConfig | None = None
     dist: DistContext = field(default_factory=DistContext)
+    checkpoints: Checkpoints | None = None
 
 
 @dataclass(frozen=True)
@@ -59,15 +63,20 @@ class Task:
     - ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study mapping;
     - ``train(run, ctx)``: one run's ``RunRecord`` (the one place a run of this task trains);
     - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=,
-      open_executor=)``: write the report files from records alone and return an exit code (``open_executor(n)``:
-      the study's executor for ``n`` jobs of the report's own, ``core.executors.Job.call``; None: in this process);
+      show_progress=, open_executor=)``: write the report files from records alone and return an exit code
+      (``open_executor(n)``: the study's executor for ``n`` jobs of the report's own, ``core.executors.Job.call``;
+      None: in this process);
     - ``result_type``: the dataclass of ``RunRecord.result`` (with ``CONFIG``/``TIME``/``SPEC``: keys to check);
     - ``path_keys``: dotted option keys whose values are file paths (relative ones resolve against the study file's
       folder), each with the values that are not paths;
     - ``before_runs(runs, show_progress)``: make the runs' inputs ready once, before any run starts (tokenize a
       corpus), returning one line per input; None: nothing to do;
+    - ``resolve_runs(runs, show_progress)``: the runs with what they read fixed (a prepared corpus's digest), before
+      their ids are used: what a run trained on is part of its id; None: the runs as configured;
     - ``replay_curves(record, out_dir, tracking)``: write a finished run's curves from its record (for executors that
       do not log live); None: the task logs no curves, and a study of it may not turn ``tracking`` on;
+    - ``check_runs(runs)``: refuse (``ValueError``, one line) runs that cannot start on this machine (a device it
+      lacks), before any starts; called where the runs train here (the local and torchrun executors);
     - ``ddp``: whether ``train`` runs under ``torchrun`` with DistributedDataParallel (``ctx.dist``);
     - ``upgrade_record(obj, source)``: a record's JSON object as the current code reads it (records older lnblocks
       wrote: schema 1, which only the default task had, or configs with keys since renamed); None: as written.
@@ -81,7 +90,9 @@ class Task:
     result_type: type
     path_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     before_runs: Callable[[list[Any], bool], list[str]] | None = None
+    resolve_runs: Callable[[list[Any], bool], list[Any]] | None = None
     replay_curves: Callable[[RunRecord, str | Path, TrackingConfig], Any] | None = None
+    check_runs: Callable[[list[Any]], None] | None = None
     ddp: bool = False
     upgrade_record: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
 

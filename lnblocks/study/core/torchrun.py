@@ -48,6 +48,7 @@ class TorchrunExecutor:
         if use_cuda:
             torch.cuda.set_device(self.dist.local_rank)
         self.backend = td.get_backend()
+        self._ended = False  # the driver has told the other ranks that no job follows
 
     @property
     def is_driver(self) -> bool:
@@ -70,6 +71,7 @@ class TorchrunExecutor:
             self._next(job)
             on_result(job, Outcome(record=train_job(job, dist=self.dist)))
         self._next(None)
+        self._ended = True
 
     def serve(self) -> None:
         """The other ranks' side: train every job the driver hands out, until it says there is no more."""
@@ -80,5 +82,8 @@ class TorchrunExecutor:
         import torch.distributed as td
 
         if td.is_initialized():
+            if self.is_driver and not self._ended:  # the driver stopped before handing out jobs (a refused input)
+                self._next(None)
+                self._ended = True
             td.barrier()  # the driver may still be writing its report
             td.destroy_process_group()

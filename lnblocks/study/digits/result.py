@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from lnblocks.study.core.records import RecordError, check_keys
 
 
 @dataclass(frozen=True)
@@ -29,3 +32,31 @@ class DigitsResult:
     test_acc: float
     switch_weights: list[dict[str, dict[str, float]]] | None = None
     agc_grad_ratio: float | None = None
+
+    @classmethod
+    def check_json(cls, record: Mapping[str, Any], source: str) -> None:
+        """What ``SPEC`` cannot say, read by the report: the training settings of the config build, the
+        SwitchableNorm weights are ``[{"mean"|"var": {"in"|"ln"|"bn": weight}}]``, the AGC ratio a number or null;
+        ``RecordError`` naming ``source`` and the key otherwise."""
+        from lnblocks.study.digits.config import DigitsSettings
+
+        config, result = record["config"], record["result"]
+        try:
+            DigitsSettings.from_dict({k: config[k] for k in DigitsSettings.field_names() if k in config})
+        except (TypeError, ValueError) as err:
+            raise RecordError(source, "config", f"does not build the training settings ({err})") from None
+        if "agc_grad_ratio" in result:
+            check_keys(result, {"agc_grad_ratio": "num?"}, source, "result.")
+        weights = result.get("switch_weights")
+        if weights is None:
+            return
+        ok = isinstance(weights, list) and all(
+            isinstance(layer, dict) and all(isinstance(layer.get(kind), dict) for kind in ("mean", "var"))
+            for layer in weights
+        )
+        if not ok:
+            raise RecordError(source, "result.switch_weights", 'must be a list of {"mean": {...}, "var": {...}}')
+        for i, layer in enumerate(weights):
+            for kind in ("mean", "var"):
+                check_keys(layer[kind], dict.fromkeys(("in", "ln", "bn"), "num"), source,
+                           f"result.switch_weights[{i}].{kind}.")  # fmt: skip

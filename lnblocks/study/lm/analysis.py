@@ -27,11 +27,18 @@ def classify(final_loss: float | None, diverged: bool, plateau: float, stuck_mar
     return "stuck" if final_loss > plateau - stuck_margin else "trained"
 
 
-def capped(loss: float | None, initial: float) -> float:
-    """``min(loss, initial)``, with a diverged (None / non-finite) loss counted as no progress (Wortsman et al.)."""
-    if loss is None or not math.isfinite(loss):
-        return initial
-    return min(loss, initial)
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def capped(loss: float | None, initial: float | None) -> float:
+    """``min(loss, initial)``, with a diverged (None / non-finite) loss counted as no progress (Wortsman et al.);
+    without a finite initial loss (non-finite from the first step) the loss itself, NaN when neither is finite."""
+    if not _finite(initial):
+        return loss if _finite(loss) else math.nan  # type: ignore[return-value]
+    if not _finite(loss):
+        return initial  # type: ignore[return-value]
+    return min(loss, initial)  # type: ignore[type-var]
 
 
 def lr_sensitivity(losses: Mapping[float, float | None], initial: float) -> float:
@@ -39,7 +46,9 @@ def lr_sensitivity(losses: Mapping[float, float | None], initial: float) -> floa
     the mean over the (log-spaced) LR grid. 0 means insensitive -- or that no LR trained at all (check ``l*``)."""
     if not losses:
         raise ValueError("lr_sensitivity needs at least one (lr, loss) pair")
-    vals = [capped(v, initial) for v in losses.values()]
+    vals = [v for v in (capped(v, initial) for v in losses.values()) if math.isfinite(v)]
+    if not vals:  # no loss and no initial loss is finite: nothing to measure
+        return math.nan
     best = min(vals)
     return sum(v - best for v in vals) / len(vals)
 
@@ -80,15 +89,45 @@ def lr_label(lr: float) -> str:
 SWEEP_AXES = {"model.depth": "depth", "train.lr": "lr", "train.warmup": "warmup", "train.seed": "seed"}
 
 
+def arm_label(labels: Mapping[str, str]) -> str | None:
+    """The arm a run's grid labels name: its labels on axes other than depth / lr / warmup / seed, joined by ``/``
+    (``"post"``, ``"pre/rmsnorm"``); None when it has none."""
+    other = [str(v) for k, v in labels.items() if k not in SWEEP_AXES]
+    return "/".join(other) if other else None
+
+
+def check_arm_labels(points: Sequence[Mapping[str, str]]) -> None:
+    """Refuse grid points whose labels differ but name the same arm in the report (``x/y`` + ``z`` and ``x`` +
+    ``y/z`` are both ``x/y/z``): the report would average them into one row."""
+    seen: dict[str, dict[str, str]] = {}
+    for labels in points:
+        arm = arm_label(labels)
+        other = {k: v for k, v in labels.items() if k not in SWEEP_AXES}
+        if arm is not None and seen.setdefault(arm, other) != other:
+            raise ValueError(
+                f"grid: the points {seen[arm]} and {other} would share the arm {arm!r} in the report; rename a label"
+            )
+
+
 def arch_of(rec: RunRecord) -> str:
     """What a run compares: the labels of its grid axes other than depth / lr / warmup / seed (e.g. ``"post"``),
     or its placement (plus the norm kind when it is not LayerNorm)."""
-    other = [str(v) for k, v in rec.labels.items() if k not in SWEEP_AXES]
-    if other:
-        return "/".join(other)
+    arm = arm_label(rec.labels)
+    if arm is not None:
+        return arm
     m = rec.config["model"]
     kind = m["norm"]["kind"]
     return m["placement"] if kind == "layernorm" else f"{m['placement']}+{kind}"
+
+
+def mix_post_layers(model: Mapping[str, Any]) -> int | None:
+    """How many of a Mix-LN run's layers are Post-LN (``lnblocks.models.mix_ln``: ``floor(fraction * depth)``);
+    None for other placements. 0 (or all of them) makes the arm plain Pre-LN (Post-LN)."""
+    if model.get("placement") != "mix_ln":
+        return None
+    fraction = model.get("mix_post_fraction", 0.25)
+    fraction = fraction if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) else 0.25
+    return math.floor(fraction * model["depth"])
 
 
 def _last(values: list[float | None] | None) -> float | None:
@@ -166,9 +205,25 @@ def run_row(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
         "z_loss": cfg["train"].get("z_loss", 0.0),
         "rezero": bool(cfg["model"].get("rezero", False)),
         "depth_scaled_norm": bool(cfg["model"].get("depth_scaled_norm", False)),
+        "mix_post_layers": mix_post_layers(cfg["model"]),
+        **stability_columns(rec.result.stability),
         "wall_s": rec.time["wall_s"],
         "cpu_s": rec.time["cpu_s"],
         "step_ms": rec.time["step_ms"],
+    }
+
+
+STABILITY_COLUMNS = ("loss_spike_score", "grad_norm_spike_score", "max_update_rms", "var_below_eps")
+
+
+def stability_columns(stability: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``result.stability`` of a record as ``summary.csv`` columns (None for records written before it)."""
+    s = stability or {}
+    return {
+        "loss_spike_score": (s.get("loss") or {}).get("score"),
+        "grad_norm_spike_score": (s.get("grad_norm") or {}).get("score"),
+        "max_update_rms": s.get("max_update_rms"),
+        "var_below_eps": s.get("var_below_eps"),
     }
 
 
@@ -232,7 +287,7 @@ def sensitivity_table(rows: list[dict[str, Any]], analysis: AnalysisConfig) -> l
                 "depth": depth,
                 "warmup": warmup,
                 "lr_sensitivity": mean(sens),
-                "best_loss": min(curve.values()),
+                "best_loss": min((v for v in curve.values() if math.isfinite(v)), default=math.nan),
                 "excess_over_depth_best": mean(list(curve.values())) - best_at_depth[depth],
                 "max_stable_lr": max_stable_lr(curve, best_at_depth[depth], analysis.stable_tol),
                 "failed": sum(r["outcome"] != "trained" for r in all_runs),

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int
-from lnblocks.study.core.run_config import LabelledRun, check_seed
-from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, LATER_KEYS, CorpusConfig
+from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int, check_str
+from lnblocks.study.core.checkpoint import CheckpointConfig
+from lnblocks.study.core.run_config import LabelledRun, check_seed, drop_added
+from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, CorpusConfig
 from lnblocks.study.lm.model_config import ModelConfig
 
 BUILTIN_SOURCES = ("shakespeare", "markov")
@@ -54,6 +55,11 @@ class DataConfig(Config):
     generator, ``eval_batches`` fixed held-out windows (from ``data_seed``), and its reference losses (uniform
     ln V and the unigram plateau; docs/study-protocol.md). The corpus keys are ``CorpusConfig``'s (see
     ``lnblocks.study.lm.corpus``); a key of one source set under another is an error.
+
+    ``corpus`` (corpus sources): ``sha256:<hex>`` over the prepared token files' sha256s, token type and vocabulary:
+    what the run trained on, part of its id (a changed corpus is a new run, never mixed with the old records; a
+    moved or re-tokenized-but-equal one is the same). The runner sets it when it prepares the corpus; a value given
+    in a study file pins the corpus (a run whose corpus differs is refused).
     """
 
     source: str = "shakespeare"
@@ -85,9 +91,12 @@ class DataConfig(Config):
     eos_token: str | None = None
     cache_dir: str | None = None
     allow_unused_vocab: bool = False
+    # the identity of a prepared corpus (set by lnblocks, see the class docstring)
+    corpus: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("source", self.source, DATA_SOURCES)
+        check_str("corpus", self.corpus, allow_none=True)
         check_choice("texts", self.texts, TEXT_SETS)
         for name in ("seq_len", "batch_size", "eval_batches"):
             self._set(name, check_int(name, getattr(self, name)))
@@ -100,6 +109,8 @@ class DataConfig(Config):
                 "vocab_size", f"is fixed at 256 for source 'shakespeare' (bytes), got {self.vocab_size}"
             )
         builtin = self.source in BUILTIN_SOURCES
+        if builtin and self.corpus is not None:
+            raise ConfigValueError("corpus", f"is the digest of a prepared corpus; source {self.source!r} is built in")
         others = CORPUS_KEYS if builtin else ("texts", "dirichlet_alpha")
         for name in others:
             value = getattr(self, name)
@@ -113,10 +124,14 @@ class DataConfig(Config):
             self._set(name, getattr(corpus, name))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every resolved key, except the corpus keys added later (``LATER_KEYS``) while at their defaults: so a
-        run's id (which hashes this) is the one it had before those keys existed."""
+        """Every resolved key; for a corpus source bound to its prepared corpus (``RunConfig.bind_corpus``, which
+        the runner does before it uses ids), the keys that locate and tokenize it (``CORPUS_KEYS``,
+        ``eval_fraction``) give way to ``corpus``, the digest of the token files: what the run trains on (a summary
+        goes to the record's ``result.corpus``). Unbound, every key as configured."""
         out = super().to_dict()
-        return {k: v for k, v in out.items() if not (k in LATER_KEYS and getattr(self, k) == LATER_KEYS[k])}
+        if self.source in BUILTIN_SOURCES or self.corpus is None:  # (unbound: the options as configured)
+            return out
+        return {k: v for k, v in out.items() if k not in (*CORPUS_KEYS, "eval_fraction")}
 
     def corpus_config(self) -> CorpusConfig:
         """The ``CorpusConfig`` of a ``tokens`` / ``text`` / ``hf_dataset`` source (``ValueError`` for the others)."""
@@ -136,7 +151,8 @@ class DataConfig(Config):
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig(Config):
     """AdamW (Loshchilov & Hutter 2019; ``weight_decay: 0`` is Adam), Adam, or SGD with momentum.
-    Defaults: Xiong et al. 2020's Adam betas (0.9, 0.98), eps 1e-8, no weight decay.
+    Defaults: Xiong et al. 2020's Adam betas (0.9, 0.98), eps 1e-8, no weight decay. Every value is one torch's
+    optimizers accept: ``beta1``, ``beta2`` in [0, 1), ``eps`` > 0, ``weight_decay`` >= 0, ``momentum`` in [0, 1].
 
     ``independent_wd`` (AdamW only): the decay per step is ``weight_decay`` times the schedule's factor
     ``lr_t / lr`` (``weight_decay`` itself after warmup at a constant LR), not ``lr_t * weight_decay`` as in
@@ -158,8 +174,9 @@ class OptimizerConfig(Config):
             raise ConfigValueError(
                 "independent_wd", f"needs name 'adamw' (decoupled weight decay), got name {self.name!r}"
             )
-        for name in ("beta1", "beta2", "momentum"):
-            self._set(name, check_float(name, getattr(self, name), lo=0, hi=1))
+        for name in ("beta1", "beta2"):  # torch's Adam/AdamW take betas in [0, 1)
+            self._set(name, check_float(name, getattr(self, name), lo=0, hi=1, hi_open=True))
+        self._set("momentum", check_float("momentum", self.momentum, lo=0, hi=1))
         self._set("eps", check_float("eps", self.eps, lo=0, lo_open=True))
         self._set("weight_decay", check_float("weight_decay", self.weight_decay, lo=0))
 
@@ -186,6 +203,13 @@ class TrainConfig(Config):
     ``z_loss``: add ``z_loss * mean(log(Z)^2)`` to the training loss, ``Z`` the softmax normaliser of the output
     logits (PaLM, Chowdhery et al. 2022, arXiv 2204.02311, uses 1e-4; Wortsman et al. 2023); 0 is off. The logged
     losses stay the plain cross-entropy.
+
+    ``checkpoint``: mid-run checkpoints (``lnblocks.study.core.checkpoint.CheckpointConfig``: ``every`` steps and/or
+    ``every_s`` seconds, ``keep``, ``dir``; docs/long-runs.md); null: none. A resumed run's record equals the
+    uninterrupted run's, so this key is not part of the run's id. ``deterministic``: deterministic GPU kernels
+    (``torch.use_deterministic_algorithms``, cuDNN deterministic without autotuning, ``CUBLAS_WORKSPACE_CONFIG``,
+    flash-attn's deterministic backward), which a run on CUDA needs to repeat itself bit for bit, and so to resume bit
+    for bit; no effect on CPU, where runs are deterministic already.
     """
 
     steps: int = 300
@@ -207,9 +231,13 @@ class TrainConfig(Config):
     compile: bool = False
     grad_accum: int = 1
     z_loss: float = 0.0
+    checkpoint: CheckpointConfig | None = None
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         self._nested("optimizer", OptimizerConfig)
+        self._nested("checkpoint", CheckpointConfig, allow_none=True)
+        check_bool("deterministic", self.deterministic)
         self._set("z_loss", check_float("z_loss", self.z_loss, lo=0))
         check_choice("dtype", self.dtype, DTYPES)
         check_bool("compile", self.compile)
@@ -296,6 +324,34 @@ class AnalysisConfig(Config):
         check_choice("final_loss", self.final_loss, FINAL_LOSSES)
 
 
+# Run ids that survive upgrades (docs/long-runs.md, "Records survive upgrades"). ADDED_KEYS: keys added after run
+# ids were fixed, with the value that does what runs did before each existed; to_dict() leaves a key out at that
+# value, so earlier runs keep their ids and records. EXECUTION_KEYS: how a run is executed, never what it computes
+# (a resumed run's record equals the uninterrupted one's): never in the id. KEY_VERSIONS: a key whose behaviour
+# changed under the same value gets an entry (version, values affected or None for all, what changed); the id of a
+# run with such a value then hashes the version too, so its older records are retrained, not silently reused.
+ADDED_KEYS: dict[str, Any] = {
+    "data.exclude": (),
+    "data.skip_undecodable": False,
+    "data.allow_unused_vocab": False,
+    "data.corpus": None,
+    "train.deterministic": False,
+}
+EXECUTION_KEYS = ("train.checkpoint",)
+KEY_VERSIONS: dict[str, tuple[int, tuple[Any, ...] | None, str]] = {}
+
+
+def key_versions(resolved: dict[str, Any]) -> dict[str, int]:
+    """The ``KEY_VERSIONS`` that apply to a resolved config: ``{dotted key: version}``."""
+    out = {}
+    for dotted, (version, values, _) in KEY_VERSIONS.items():
+        section, _, key = dotted.partition(".")
+        node = resolved.get(section, {})
+        if key in node and (values is None or node[key] in values):
+            out[dotted] = version
+    return out
+
+
 SECTIONS: dict[str, type[Config]] = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -330,8 +386,32 @@ class RunConfig(LabelledRun, Config):
         return list(SECTIONS)
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved config (every field, defaults included): what the run record stores and the id hashes."""
-        return {k: getattr(self, k).to_dict() for k in SECTIONS}
+        """The resolved config (every field, defaults included, but ``EXECUTION_KEYS`` and the ``ADDED_KEYS`` at
+        their earlier behaviour): what the run record stores and the id hashes."""
+        out = {k: getattr(self, k).to_dict() for k in SECTIONS}
+        for dotted in EXECUTION_KEYS:
+            section, _, key = dotted.partition(".")
+            out[section].pop(key, None)
+        return drop_added(out, ADDED_KEYS)
+
+    def identity(self) -> dict[str, Any]:
+        """``to_dict()`` plus, when a key's value is one whose behaviour changed (``KEY_VERSIONS``), its version."""
+        resolved = self.to_dict()
+        versions = key_versions(resolved)
+        return {**resolved, "versions": versions} if versions else resolved
+
+    def bind_corpus(self, digest: str) -> RunConfig:
+        """This run with ``data.corpus`` set to the prepared corpus's digest (``ValueError`` if the study file pinned
+        another)."""
+        if self.data.corpus not in (None, digest):
+            raise ConfigValueError(
+                "data.corpus", f"pins the corpus {self.data.corpus}, but its files give {digest}: the corpus changed"
+            )
+        return self.replace(data=self.data.replace(corpus=digest)).with_labels(self.labels)
+
+    @property
+    def checkpoint(self) -> CheckpointConfig | None:
+        return self.train.checkpoint
 
     @property
     def threads(self) -> int:

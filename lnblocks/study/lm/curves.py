@@ -14,6 +14,11 @@ Tags are grouped so TensorBoard's sections read as the diagnostics do:
 ``attention/max_logit``               max attention logit over layers (Dehghani et al. 2023, arXiv:2302.05442);
                                       per layer ``attention/max_logit/layer_<i>``, ``attention/entropy/layer_<i>``
 ``output/max_logit``, ``output/log_z``  output logits (z-loss, PaLM arXiv:2204.02311)
+``stability/grad_norm``               global gradient norm every step (before clipping)
+``stability/spike_score/<series>``    share of the scored steps so far whose ``loss`` / ``grad_norm`` spiked
+                                      (``lnblocks.study.lm.stability``), every scored step
+``stability/update_rms/<group>/...``  RMS of the optimizer's update / lr, per group and layer (diagnostics steps)
+``stability/var_below_eps/layer_<i>``  share of norm input rows with variance under eps (diagnostics steps)
 ====================================  ==========================================================================
 
 Layers are numbered from 0, two digits (``layer_03``) so TensorBoard sorts them in order. The contract that makes
@@ -31,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lnblocks.study.core.tracking import Tracker, TrackingConfig, finite_float, open_tracker
+from lnblocks.study.lm.stability import SpikeMonitor
 
 # ---- the scalars of a record -----------------------------------------------------------------------------------
 
@@ -66,7 +72,32 @@ def diagnostics_scalars(entry: Mapping[str, Any]) -> dict[str, float | None]:
     for key, tag in (("max_output_logit", "output/max_logit"), ("log_z", "output/log_z")):
         if key in entry:
             out[tag] = entry[key]
+    for group, values in (entry.get("update_rms") or {}).items():
+        for i, v in enumerate(values):
+            out[f"stability/update_rms/{group}/{_layer(i)}"] = v
+    for i, v in enumerate(entry.get("var_below_eps") or []):
+        out[f"stability/var_below_eps/{_layer(i)}"] = v
     return out
+
+
+class StabilityCurves:
+    """The per-step stability tags of a run, fed its loss and gradient-norm series in step order (live or from a
+    record, so both write the same points)."""
+
+    def __init__(self) -> None:
+        self.monitors = {"loss": SpikeMonitor(), "grad_norm": SpikeMonitor()}
+
+    def scalars(self, step: int, loss: float | None, grad_norm: float | None) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        if grad_norm is not None or loss is not None:
+            out["stability/grad_norm"] = grad_norm
+        for name, value in (("loss", loss), ("grad_norm", grad_norm)):
+            mon = self.monitors[name]
+            before = mon.scored
+            mon.update(step, finite_float(value))
+            if mon.scored > before:
+                out[f"stability/spike_score/{name}"] = mon.score
+        return out
 
 
 def record_body(record: Any) -> tuple[str, Mapping[str, Any]]:
@@ -84,8 +115,12 @@ def record_scalars(record: Any) -> list[tuple[int, dict[str, float | None]]]:
     """Every ``(step, {tag: value})`` a live run logs, rebuilt from its record, in step order."""
     _, body = record_body(record)
     by_step: dict[int, dict[str, float | None]] = {}
+    grad_norms = body.get("grad_norm")
+    stability = StabilityCurves() if grad_norms is not None else None
     for step, v in enumerate(body.get("loss") or []):
         by_step.setdefault(step, {})["loss/train"] = v
+        if stability is not None:
+            by_step[step].update(stability.scalars(step, v, grad_norms[step]))
     for step, v in (body.get("eval") or {}).get("curve") or []:
         by_step.setdefault(int(step), {})["loss/eval"] = v
     for entry in body.get("diagnostics") or []:
@@ -97,26 +132,33 @@ class CurveLogger:
     """Logs a training run's curves to ``tracker`` as the trainer confirms them, in the form its record keeps, so the
     live event files equal ``replay(record)``'s.
 
-    ``update(loss, diagnostics, eval_curve)`` after each read of the losses logs what is new and can no longer be cut
-    by a divergence found later: the losses read so far, the diagnostics entries and eval points of the steps before
-    them; ``final=True`` (with the record's cut lists) logs the rest, the last eval point of a step winning as in
-    ``record_scalars``. ``round_value``: how the record stores a number (non-finite -> None).
+    ``update(loss, diagnostics, eval_curve, grad_norms)`` after each read of the losses logs what is new and can no
+    longer be cut by a divergence found later: the losses (and gradient norms, with their spike scores) read so far,
+    the diagnostics entries and eval points of the steps before them; ``final=True`` (with the record's cut lists)
+    logs the rest, the last eval point of a step winning as in ``record_scalars``. ``round_value``: how the record
+    stores a number (non-finite -> None).
     """
 
     def __init__(self, tracker: Tracker, round_value: Callable[[float], float | None]) -> None:
         self.tracker, self.round_value = tracker, round_value
         self.n_loss = self.n_diag = self.n_eval = 0
+        self.stability = StabilityCurves()
 
     def update(
         self,
         loss: Sequence[float],
         diagnostics: Sequence[Mapping[str, Any]],
         eval_curve: Sequence[tuple[int, float]],
+        grad_norms: Sequence[float] | None = None,
         final: bool = False,
     ) -> None:
         n = len(loss)
         for step in range(self.n_loss, n):
-            self.tracker.log(step, {"loss/train": self.round_value(loss[step])})
+            value = self.round_value(loss[step])
+            scalars = {"loss/train": value}
+            if grad_norms is not None:
+                scalars.update(self.stability.scalars(step, value, self.round_value(grad_norms[step])))
+            self.tracker.log(step, scalars)
         self.n_loss = n
         while self.n_diag < len(diagnostics) and (final or diagnostics[self.n_diag]["step"] < n):
             entry = diagnostics[self.n_diag]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from lnblocks._optional import require
+from lnblocks.config import Config
 from lnblocks.study.lm.config import BUILTIN_SOURCES, DataConfig
 from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource, unigram_loss
 
@@ -154,6 +155,7 @@ def build_source(cfg: DataConfig, show_progress: bool = False) -> TokenSource:
         eval_batches=cfg.eval_batches,
         data_seed=cfg.data_seed,
         show_progress=show_progress,
+        digest=cfg.corpus,
     )
 
 
@@ -187,7 +189,8 @@ def data_prepare_command(config: str | Path, overrides: Mapping[str, Any] | None
     show = sys.stderr.isatty() if show_progress is None else show_progress
     seen: dict[str, DataConfig] = {}
     for run in study.runs():
-        key = {k: v for k, v in run.data.to_dict().items() if k not in ("batch_size", "eval_batches")}
+        options = Config.to_dict(run.data)  # every key as given (DataConfig.to_dict would need the corpus prepared)
+        key = {k: v for k, v in options.items() if k not in ("batch_size", "eval_batches")}
         seen.setdefault(json.dumps(key, sort_keys=True), run.data)
     for i, data in enumerate(seen.values()):
         if i:

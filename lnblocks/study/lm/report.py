@@ -1,19 +1,33 @@
 """The ``lm`` task's report, built from its run records alone (``lnblocks study report OUT``): ``summary.csv``,
 ``plots/*.png``, ``report.md`` and ``findings.json``, with the LR table and the findings printed. Runs without a
-valid record are named in ``report.md``; the numbers come from the valid ones."""
+valid record are named in ``report.md``; the numbers come from the valid ones. When no run trained (every one stuck
+on the plateau or diverged) the report says so first, with what would change it. Labels and texts are escaped for
+markdown tables (``|``, newlines). The report never fails once runs have trained: a claim family or plot that
+raises is named in the report and on stderr and the rest is written."""
 
 from __future__ import annotations
 
 import csv
 import io
 import math
+import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lnblocks.study.core.atomic import write_json_atomic, write_text_atomic
+from lnblocks.study.core.claims import md_cell, md_line, md_row
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.lm.analysis import grouped, lr_label, mean, run_row, sensitivity_table, warmup_table
+from lnblocks.study.lm.analysis import (
+    STABILITY_COLUMNS,
+    grouped,
+    lr_label,
+    mean,
+    run_row,
+    sensitivity_table,
+    warmup_table,
+)
 from lnblocks.study.lm.config import AnalysisConfig
 from lnblocks.study.lm.init_profile import InitProfile, study_profiles
 
@@ -35,7 +49,7 @@ def lr_table(rows: list[dict[str, Any]]) -> list[str]:
     groups = grouped(rows)
     lrs = sorted({r["lr"] for r in rows})
     head = ["arch", "depth", "warmup", *(f"lr {lr_label(lr)}" for lr in lrs)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [md_row(head), "|" + "---|" * len(head)]
     for (arch, depth, warmup), by_lr in groups.items():
         cells = []
         for lr in lrs:
@@ -46,13 +60,13 @@ def lr_table(rows: list[dict[str, Any]]) -> list[str]:
             v = mean([r["final_loss"] for r in runs if r["final_loss"] is not None])
             marks = "".join(sorted({MARK[r["outcome"]] for r in runs}))
             cells.append(f"{_num(v, 2) if math.isfinite(v) else 'div'}{marks}")
-        lines.append(f"| {arch} | {depth} | {warmup} | " + " | ".join(cells) + " |")
+        lines.append(md_row([arch, depth, warmup, *cells]))
     return lines
 
 
 def _cell(key: str, value: Any) -> str:
     if isinstance(value, str):
-        return value
+        return md_cell(value)
     if key.endswith("_lr") and value is not None:
         return lr_label(value)
     return _num(value)
@@ -76,8 +90,39 @@ def profile_table(profiles: list[InitProfile]) -> list[str]:
         ratios = [w[-1] / w[0] for w in p.w2 if w[0] > 0]  # none where the arm has no gradient at init (ReZero)
         ratio = f"{mean(ratios):.2f}" if ratios else "n/a"
         profile = " ".join(f"{v:.3f}" for v in layers)
-        lines.append(f"| {p.arch} | {p.depth} | {len(p.seeds)} | {profile} | {ratio} |")
+        lines.append(md_row([p.arch, p.depth, len(p.seeds), profile, ratio]))
     return lines
+
+
+def stability_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: per (arch, depth, warmup), the mean spike scores of the loss and the gradient norm (share of scored
+    steps above the mean + 6 sigma of the previous 128; OLMo-core's StabilityMonitorCallback), the largest update
+    RMS / lr and the mean share of norm inputs with variance under eps; empty for records without them."""
+    scored = [r for r in rows if r.get("loss_spike_score") is not None or r.get("max_update_rms") is not None]
+    if not scored:
+        return []
+    lines = [
+        "## Stability",
+        "",
+        "Spike score: the share of steps whose value exceeds the mean + 6 sigma of the previous 128 (scored once "
+        "128 values are in; after OLMo-core's StabilityMonitorCallback), mean over runs. Update RMS: "
+        "rms(W_after - W_before) / lr per weight group and layer at the diagnostics steps, the largest. Var < eps: the "
+        "mean share of norm input rows (probe batch) whose variance is under the norm's eps.",
+        "",
+        "| arch | depth | warmup | loss spike score | grad-norm spike score | max update RMS | var < eps | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+    for r in scored:
+        groups.setdefault((r["arch"], r["depth"], r["warmup"]), []).append(r)
+    for (arch, depth, warmup), runs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        cells = []
+        for col in STABILITY_COLUMNS:
+            values = [r[col] for r in runs if r.get(col) is not None]
+            value = max(values) if col == "max_update_rms" and values else mean(values) if values else None
+            cells.append(_num(value, 4))
+        lines.append(md_row([arch, depth, warmup, *cells, len(runs)]))
+    return [*lines, ""]
 
 
 def write_summary_csv(rows: list[dict[str, Any]], path: Path) -> None:
@@ -98,15 +143,16 @@ def render_markdown(
     analysis: AnalysisConfig,
     problems: list[str] | None = None,
     profiles: list[InitProfile] | None = None,
+    failures: list[str] | None = None,
 ) -> str:
     name = manifest.get("name", "study")
     n_div = sum(r["status"] == "diverged" for r in rows)
     cfg = records[0].config
     ref = records[0].result.reference
     cpu = sum(r["cpu_s"] for r in rows)
-    lines = [f"# Study `{name}`", ""]
+    lines = [f"# Study `{md_line(name)}`", ""]
     if manifest.get("description"):
-        lines += [manifest["description"].strip(), ""]
+        lines += [str(manifest["description"]).strip(), ""]
     lines += [
         f"{len(rows)} runs ({n_div} diverged), {cfg['train']['steps']} steps each, data `{cfg['data']['source']}` "
         f"(V = {round(math.exp(ref['uniform']))}, "
@@ -119,9 +165,11 @@ def render_markdown(
         " loss, *trained* otherwise.",
         "",
     ]
+    if not any(r["outcome"] == "trained" for r in rows):
+        lines += [f"**{nothing_trained(rows, analysis)}**", ""]
     if problems:
         lines += [f"**{len(problems)} runs of this study have no valid record** and are not in the numbers below:", ""]
-        lines += [*(f"- {p}" for p in problems), ""]
+        lines += [*(f"- {md_line(p)}" for p in problems), ""]
     lines += [
         "## Findings",
         "",
@@ -136,9 +184,11 @@ def render_markdown(
 
         lines += [*claims_table(findings), ""]
         for f in findings:
-            lines += [f"- **{f.id} {f.title}: {f.status}.** {f.text}", ""]
+            lines += [f"- **{f.id} {f.title}: {f.status}.** {md_line(f.text)}", ""]
     else:
         lines += ["No published claim applies to this study's arms.", ""]
+    for failure in failures or []:
+        lines += [f"- **{md_line(failure)}**", ""]
     lines += [
         "## Final loss against learning rate",
         "",
@@ -207,10 +257,47 @@ def render_markdown(
             "",
         ]
         lines += [*profile_table(profiles), ""]
+    lines += stability_section(rows)
     lines += ["## Plots", ""]
     lines += [*(f"![{p.stem}](plots/{p.name})" for p in plots), ""]
     lines += ["Every number above comes from `summary.csv` and `runs/*.json` (per-step losses, per-layer diagnostics)."]
     return "\n".join(lines) + "\n"
+
+
+def nothing_trained(rows: list[dict[str, Any]], analysis: AnalysisConfig) -> str:
+    """What the report says first when no run trained: how the runs ended and what would change that."""
+    stuck = sum(r["outcome"] == "stuck" for r in rows)
+    diverged = len(rows) - stuck
+    steps = sorted({r["steps_done"] for r in rows if r["outcome"] == "stuck"})
+    lrs = sorted({r["lr"] for r in rows})
+    what = []
+    if stuck:
+        what.append(
+            f"{stuck} stuck on the unigram plateau (final loss above plateau − {analysis.stuck_margin}): more steps "
+            f"(train.steps; they ran {', '.join(map(str, steps))}) or a higher learning rate (the largest tried is "
+            f"{lr_label(max(lrs))})"
+        )
+    if diverged:
+        what.append(
+            f"{diverged} diverged: a lower learning rate (the smallest tried is {lr_label(min(lrs))}), warmup "
+            "(train.warmup) or clipping (train.grad_clip)"
+        )
+    return (
+        f"No run of this study trained: {'; '.join(what)} would change that. Until then the claims that compare "
+        "trained runs are NOT TESTED or INCONCLUSIVE."
+    )
+
+
+def _guarded(what: str, failures: list[str], fn: Any, default: Any) -> Any:
+    """``fn()``, or ``default`` with one line in ``failures`` (and the traceback on stderr) when it raises: the
+    report is still written."""
+    try:
+        return fn()
+    except Exception as err:  # a bug in one claim family or plot must not cost the whole report
+        line = f"{what} could not be computed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+        failures.append(line + "; please report it with this study's records")
+        print(f"warning: {line}\n{traceback.format_exc()}", file=sys.stderr)
+        return default
 
 
 def build_lm_report(
@@ -221,10 +308,12 @@ def build_lm_report(
     *,
     plots: bool = True,
     echo: bool = True,
+    show_progress: bool | None = None,
     open_executor: Callable[[int], Any] | None = None,
 ) -> int:
     """Write ``summary.csv``, ``plots/``, ``report.md`` and ``findings.json`` of an ``lm`` study into ``out`` and
-    print the summary. ``open_executor(n)``: the study's executor for the ``n`` init-profile jobs (None: here)."""
+    print the summary. ``show_progress``: draw the init-profile bar (default: when stderr is a terminal).
+    ``open_executor(n)``: the study's executor for the ``n`` init-profile jobs (None: here)."""
     analysis = AnalysisConfig.from_dict(manifest.get("analysis"), key="analysis")
     rows = [run_row(r, analysis) for r in records]
     write_summary_csv(rows, out / "summary.csv")
@@ -233,17 +322,26 @@ def build_lm_report(
     require("numpy")  # the statistics behind the findings
     from lnblocks.study.lm.findings import study_claims
 
-    profiles = study_profiles(out, records, analysis.init_profile, show_progress=echo, open_executor=open_executor)
-    findings = study_claims(rows, profiles)
+    show = sys.stderr.isatty() if show_progress is None else show_progress
+    failures: list[str] = []
+    profiles = _guarded(
+        "the init gradient profiles", failures,
+        lambda: study_profiles(
+            out, records, analysis.init_profile, show_progress=show, open_executor=open_executor
+        ), [],
+    )  # fmt: skip
+    findings = _guarded("the claims", failures, lambda: study_claims(rows, profiles), [])
     made = []
     if plots:
         from lnblocks.study.lm.plots import all_plots
 
-        made = all_plots(records, rows, out / "plots")
-    text = render_markdown(manifest, records, rows, findings, made, analysis, problems, profiles)
+        made = _guarded("the plots", failures, lambda: all_plots(records, rows, out / "plots"), [])
+    text = render_markdown(manifest, records, rows, findings, made, analysis, problems, profiles, failures)
     write_text_atomic(out / "report.md", text)
     write_json_atomic(out / "findings.json", [f.to_dict() for f in findings])
     if echo:
+        if not any(r["outcome"] == "trained" for r in rows):
+            print(nothing_trained(rows, analysis))
         print("\n".join(lr_table(rows)))
         for f in findings:
             settle = f"; would settle it: {f.settle()}" if f.settle() else ""

@@ -9,14 +9,17 @@ Its runs train with DDP under ``torchrun``, log curves (``lm.curves``) and token
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
 from lnblocks.blocks.config import AttentionConfig, MLPConfig
 from lnblocks.config import ConfigTypeError, ConfigValueError
+from lnblocks.study.core.checkpoint import CheckpointConfig
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.study_config import StudyConfig, parse_axis, parse_extra_grids
 from lnblocks.study.core.tasks import RunContext, Task
+from lnblocks.study.lm.analysis import check_arm_labels
 from lnblocks.study.lm.config import BUILTIN_SOURCES, PATH_KEYS, SECTIONS, AnalysisConfig, OptimizerConfig, RunConfig
 from lnblocks.study.lm.curves import replay
 from lnblocks.study.lm.report import build_lm_report
@@ -28,6 +31,7 @@ NESTED_KEYS: dict[tuple[str, str], Any] = {
     ("train", "optimizer"): OptimizerConfig,
     ("model", "attention"): AttentionConfig,
     ("model", "mlp"): MLPConfig,
+    ("train", "checkpoint"): CheckpointConfig,
 }
 
 
@@ -87,7 +91,8 @@ def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", so
         source=source,
         extra_grids=parse_extra_grids(raw.get("extra_grids"), axes, check_key),
     )
-    study.runs()  # every grid point must validate now, not halfway through a sweep
+    runs = study.runs()  # every grid point must validate now, not halfway through a sweep
+    check_arm_labels([r.label_dict for r in runs])
     return study
 
 
@@ -96,10 +101,29 @@ def train(run: RunConfig, ctx: RunContext) -> RunRecord:
     from lnblocks.study.core.tracking import open_tracker
     from lnblocks.study.lm.train import train_run
 
+    options = {"dist": ctx.dist, "show_progress": ctx.show_progress, "position": ctx.position}
     if ctx.tracking is None or ctx.out_dir is None:
-        return train_run(run, dist=ctx.dist, show_progress=ctx.show_progress, position=ctx.position)
+        return train_run(run, checkpoints=ctx.checkpoints, **options)
     with open_tracker(ctx.tracking, ctx.out_dir, run.run_id, run.to_dict()) as tracker:
-        return train_run(run, dist=ctx.dist, show_progress=ctx.show_progress, position=ctx.position, tracker=tracker)
+        return train_run(run, checkpoints=ctx.checkpoints, tracker=tracker, **options)
+
+
+def resolve_runs(runs: list[RunConfig], show_progress: bool = False) -> list[RunConfig]:
+    """The runs with what they train on fixed: each corpus run gets its prepared corpus's digest (``data.corpus``,
+    part of its id), so a changed corpus makes new runs instead of mixing with the old records."""
+    from lnblocks.study.lm.corpus import corpus_digest
+
+    out, digests = [], {}  # corpus -> digest, found once per call
+    for run in runs:
+        if run.data.source in BUILTIN_SOURCES:
+            out.append(run)
+            continue
+        corpus = run.data.corpus_config()
+        key = json.dumps(corpus.to_dict(), sort_keys=True)
+        if key not in digests:
+            digests[key] = corpus_digest(corpus, show_progress=show_progress)
+        out.append(run.bind_corpus(digests[key]))
+    return out
 
 
 def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]:
@@ -107,7 +131,7 @@ def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]
     A corpus too short for a run's ``seq_len`` (or otherwise unfit: ``lnblocks.study.lm.corpus.verify``) fails here."""
     from lnblocks.study.lm.corpus import prepare_corpus
 
-    lines = []
+    lines = [*_degenerate_mix_ln(runs)]
     corpora: dict[str, tuple[Any, int]] = {}  # corpus -> the longest seq_len a run reads from it
     for run in runs:
         if run.data.source not in BUILTIN_SOURCES:
@@ -125,6 +149,36 @@ def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]
     return lines
 
 
+def _degenerate_mix_ln(runs: list[RunConfig]) -> list[str]:
+    """A note per (depth, fraction) at which Mix-LN has one kind of layer only (``floor(fraction * depth)`` is 0 or
+    the depth): those runs are plain Pre-LN (Post-LN), and claim M1 leaves that depth out."""
+    seen = sorted({(r.model.depth, r.model.mix_post_fraction) for r in runs if r.model.placement == "mix_ln"})
+    out = []
+    for depth, fraction in seen:
+        n = math.floor(fraction * depth)
+        if not 0 < n < depth:
+            kind = "Pre-LN" if n == 0 else "Post-LN"
+            out.append(
+                f"note: mix_ln at depth {depth} with mix_post_fraction {fraction:g} has {n} Post-LN layer(s) of "
+                f"{depth} (floor({fraction:g} * {depth})): those runs are plain {kind}, and claim M1 leaves that "
+                "depth out"
+            )
+    return out
+
+
+def check_runs(runs: list[RunConfig]) -> None:
+    """Refuse, before any run starts, runs that ask for a device this machine lacks (``train.device: cuda``)."""
+    import torch
+
+    cuda = sorted({r.run_id for r in runs if r.train.device == "cuda"})
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(
+            f"train.device is 'cuda' in {len(cuda)} run(s) (e.g. {cuda[0]}) but this machine has no CUDA device "
+            "(torch.cuda.is_available() is False); use train.device: auto or cpu, or --executor ray on a cluster "
+            "with GPUs"
+        )
+
+
 def outcome(record: RunRecord) -> str:
     r = record.result
     msg = f"diverged at step {r.diverged_step}" if record.status == "diverged" else f"eval loss {r.eval['final']:.3f}"
@@ -138,9 +192,11 @@ TASK = Task(
     outcome=outcome,
     report=build_lm_report,
     result_type=LMResult,
-    path_keys={f"data.{k}": ("bytes",) if k == "tokenizer" else () for k in PATH_KEYS},
+    path_keys={**{f"data.{k}": ("bytes",) if k == "tokenizer" else () for k in PATH_KEYS}, "train.checkpoint.dir": ()},
     before_runs=before_runs,
+    resolve_runs=resolve_runs,
     replay_curves=replay,
+    check_runs=check_runs,
     ddp=True,
     upgrade_record=upgrade_record,
 )

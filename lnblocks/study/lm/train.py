@@ -13,6 +13,13 @@ the ``GradScaler``; ``forward_backward`` feeds one optimizer step's batch as ``g
 ``diagnostics.backends_used`` reads which norm and attention backends ran (fused Triton norms and flash-attn on CUDA
 when they can run, chosen by the modules themselves) into the record. With ``tracker``, the curves are logged as the
 losses are read, in the form the record keeps (``lnblocks.study.lm.curves.CurveLogger``).
+
+Long runs (docs/long-runs.md): with ``checkpoints`` the run saves the model, the optimizer, the process's RNGs and
+its ``LoopState`` (losses, diagnostics, eval points, the data sampler, the divergence monitor, the GradScaler) at the
+end of the steps ``checkpoints.due`` names, and a new attempt continues from the newest valid checkpoint with the
+same record as if it had never stopped (timing and host fields aside; ``env.resumed_from`` says from which steps).
+Stability monitoring (``lnblocks.study.lm.stability``): the global gradient norm of every step is kept on the
+device with the loss and read with it; spike scores, update RMS and small-variance shares go into the record.
 """
 
 from __future__ import annotations
@@ -22,21 +29,23 @@ import math
 import os
 import platform
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from lnblocks.study.core.checkpoint import Checkpoints
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.tasks import DistContext
 from lnblocks.study.core.tracking import Tracker
 from lnblocks.study.lm import diagnostics as diag
+from lnblocks.study.lm import stability as stab
 from lnblocks.study.lm.config import RunConfig, TrainConfig
 from lnblocks.study.lm.curves import CurveLogger
 from lnblocks.study.lm.data import build_source
 from lnblocks.study.lm.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
+from lnblocks.study.lm.loop_state import DivergenceMonitor, LoopState
 from lnblocks.study.lm.result import LMResult
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
@@ -71,41 +80,6 @@ def lr_at(
     if schedule == "linear":
         return lr - (lr - lo) * frac
     raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
-
-
-@dataclass
-class DivergenceMonitor:
-    """Streaming divergence test: a non-finite loss diverges at once; a loss above ``initial + margin`` diverges
-    after ``patience`` consecutive such steps (a single spike is not a divergence). ``step`` is where it fired."""
-
-    margin: float = 3.0
-    patience: int = 10
-    initial: float | None = None
-    step: int | None = None
-    streak: int = field(default=0, repr=False)  # consecutive steps above initial + margin so far
-
-    def update(self, step: int, loss: float) -> bool:
-        """Feed the loss of ``step``; True once the run has diverged."""
-        if self.step is not None:
-            return True
-        if not math.isfinite(loss):
-            self.step = step
-            return True
-        if self.initial is None:
-            self.initial = loss
-        self.streak = self.streak + 1 if loss > self.initial + self.margin else 0
-        if self.streak >= self.patience:
-            self.step = step
-        return self.step is not None
-
-
-def detect_divergence(losses: Sequence[float], margin: float = 3.0, patience: int = 10) -> int | None:
-    """The step at which ``DivergenceMonitor`` fires on ``losses`` (the first is the reference), or None."""
-    mon = DivergenceMonitor(margin=margin, patience=patience)
-    for step, loss in enumerate(losses):
-        if mon.update(step, float(loss)):
-            return mon.step
-    return None
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -211,6 +185,28 @@ def forward_backward(
     return total if accum == 1 else total / accum
 
 
+@contextlib.contextmanager
+def deterministic_kernels(on: bool) -> Any:
+    """``train.deterministic``: inside the block, PyTorch picks deterministic kernels or raises
+    (``use_deterministic_algorithms``), cuDNN runs deterministic algorithms without autotuning, cuBLAS gets the fixed
+    workspace it needs (``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless set; it takes effect in a process that has not used
+    cuBLAS yet, as the executors' workers) and flash-attn its deterministic backward; restored afterwards."""
+    if not on:
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             cudnn.deterministic, cudnn.benchmark)  # fmt: skip
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        cudnn.deterministic, cudnn.benchmark = saved[2], saved[3]
+
+
 def _progress(total: int, desc: str, position: int, show: bool) -> Any:
     if not show:
         return contextlib.nullcontext(None)
@@ -226,9 +222,23 @@ def train_run(
     show_progress: bool = True,
     position: int = 0,
     tracker: Tracker | None = None,
+    checkpoints: Checkpoints | None = None,
 ) -> RunRecord:
     """Train ``run`` and return its record (``RunRecord`` with an ``LMResult``); ``tracker``: where its curves go
-    while it trains (``lnblocks.study.core.tracking.open_tracker``)."""
+    while it trains (``lnblocks.study.core.tracking.open_tracker``); ``checkpoints``: where it saves its state as it
+    goes and resumes from (``lnblocks.study.core.checkpoint.Checkpoints``; docs/long-runs.md)."""
+    with deterministic_kernels(run.train.deterministic):
+        return _train(run, dist, show_progress, position, tracker, checkpoints)
+
+
+def _train(
+    run: RunConfig,
+    dist: DistContext | None,
+    show_progress: bool,
+    position: int,
+    tracker: Tracker | None,
+    checkpoints: Checkpoints | None,
+) -> RunRecord:
     from lnblocks.models import GPT
 
     dist = dist or DistContext()
@@ -244,15 +254,19 @@ def train_run(
             f"times train.grad_accum ({tc.grad_accum})"
         )
     source = build_source(dc)
+    corpus = getattr(source, "corpus", None)
+    if corpus is not None and dc.corpus is None:  # not bound by a runner: bind to what this process opened
+        run = run.bind_corpus(corpus["digest"])
     torch.manual_seed(tc.seed)  # the init
     raw = GPT(run.model.gpt_config(source.vocab_size, dc.seq_len)).to(device)
     data_gen = torch.Generator().manual_seed(tc.seed)  # the training data order
     probe_gen = torch.Generator().manual_seed(tc.seed + PROBE_SEED_OFFSET)
     probe_x = source.batch(gc.probe_batch_size, probe_gen)[0].to(device)  # (Bp, T), fixed for the whole run
     eval_set = [(x.to(device), y.to(device)) for x, y in source.eval_set()]
+    start = checkpoints.latest() if checkpoints is not None else None
 
     init_grad = None
-    if gc.init_grad_batches and dist.is_main:  # before DDP wraps the model: plain local backward passes
+    if start is None and gc.init_grad_batches and dist.is_main:  # before DDP wraps the model: local backward passes
         batches = [
             tuple(t.to(device) for t in source.batch(dc.batch_size, probe_gen)) for _ in range(gc.init_grad_batches)
         ]
@@ -264,32 +278,46 @@ def train_run(
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = build_optimizer(raw, tc)
-    eval_curve = [(0, evaluate(raw, eval_set, autocast))]
     monitor = DivergenceMonitor(margin=tc.divergence_margin, patience=tc.divergence_patience)
-    losses: list[float] = []  # read from the device every log_every steps
-    pending: list[torch.Tensor] = []  # (1,) losses of the steps since the last read, on the device
-    records: list[dict[str, Any]] = []
+    if start is None:
+        loop = LoopState(eval_curve=[(0, evaluate(raw, eval_set, autocast))], init_grad=init_grad)
+    else:  # the model, the optimizer and the process's RNGs from the checkpoint, then the loop's own state
+        saved = checkpoints.load(start, raw, opt)  # type: ignore[union-attr]
+        loop = LoopState.from_state(saved, monitor, data_gen, precision.scaler, device)
     curves = CurveLogger(tracker, finite_or_none) if tracker is not None and dist.is_main else None
+    if curves is not None and start is not None:  # the event files start over: write what was logged before
+        curves.update(loop.losses, loop.records, loop.eval_curve, loop.grad_norms)
     per_rank = dc.batch_size // dist.world_size
     lo = dist.rank * per_rank
     show = show_progress and dist.is_main
     t_train, c_train = time.perf_counter(), time.process_time()
 
     def read_losses() -> bool:
-        """Move the pending losses to the host and feed the monitor; True once the run has diverged."""
-        if pending:
-            values = torch.stack(pending).cpu().tolist()
-            pending.clear()
-            for v in values:
-                losses.append(v)
-                if monitor.update(len(losses) - 1, v):
+        """Move the pending losses and grad norms to the host (one transfer), feed the monitor; True once the run
+        has diverged."""
+        if loop.pending_loss:
+            n = len(loop.pending_loss)
+            values = torch.stack([*loop.pending_loss, *loop.pending_gn]).cpu().tolist()
+            loop.pending_loss.clear()
+            loop.pending_gn.clear()
+            for v, g in zip(values[:n], values[n:]):
+                loop.losses.append(v)
+                loop.grad_norms.append(g)
+                if monitor.update(len(loop.losses) - 1, v):
                     return True
             if curves is not None:
-                curves.update(losses, records, eval_curve)
+                curves.update(loop.losses, loop.records, loop.eval_curve, loop.grad_norms)
         return monitor.step is not None
 
+    def elapsed() -> dict[str, float]:
+        now = {"wall_s": time.perf_counter() - t_wall, "cpu_s": time.process_time() - t_cpu,
+               "train_s": time.perf_counter() - t_train, "train_cpu_s": time.process_time() - c_train}  # fmt: skip
+        return {k: v + loop.elapsed.get(k, 0.0) for k, v in now.items()}
+
     with _progress(tc.steps, run.run_id[:40], position, show) as bar:
-        for step in range(tc.steps):
+        if bar is not None and loop.step:
+            bar.update(loop.step)
+        for step in range(loop.step, tc.steps):
             lr = lr_at(step, tc.lr, tc.warmup, tc.steps, tc.schedule, tc.min_lr_ratio)
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -298,40 +326,50 @@ def train_run(
             logging = gc.every > 0 and dist.is_main and (step % gc.every == 0 or step == tc.steps - 1)
             rec: dict[str, Any] = {"step": step, "lr": lr}
             if logging:
-                rec.update(diag.probe(raw, probe_x, attention=gc.attention, autocast=autocast))
+                with stab.small_variance(raw) as below_eps:
+                    rec.update(diag.probe(raw, probe_x, attention=gc.attention, autocast=autocast))
+                rec["var_below_eps"] = below_eps
             opt.zero_grad(set_to_none=True)
             value = forward_backward(model, x, y, tc.grad_accum, precision, tc.z_loss)
             precision.unscale_(opt)
+            total_norm = stab.grad_norm(raw)  # before clipping; read with the losses
             if logging:
                 rec.update(diag.grad_norms(raw))
                 before = diag.snapshot(raw)
             if tc.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(raw.parameters(), tc.grad_clip)
+                torch.nn.utils.clip_grads_with_norm_(raw.parameters(), tc.grad_clip, total_norm)
             precision.step(opt)
             if logging:
                 rec["update_ratio"] = diag.update_ratios(raw, before)
-                records.append(rec)
+                rec["update_rms"] = stab.update_rms(before, diag.weight_groups(raw), lr)
+                loop.records.append(rec)
             if dist.enabled:
                 torch.distributed.all_reduce(value)
                 value = value / dist.world_size
-            pending.append(value)
+            loop.pending_loss.append(value)
+            loop.pending_gn.append(total_norm)
             if ((step + 1) % tc.log_every == 0 or step == tc.steps - 1) and read_losses():
                 break
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
-                eval_curve.append((step + 1, evaluate(raw, eval_set, autocast)))
+                loop.eval_curve.append((step + 1, evaluate(raw, eval_set, autocast)))
+            loop.step = step + 1
+            if checkpoints is not None and loop.step < tc.steps and checkpoints.due(loop.step):
+                state = loop.state_dict(monitor, data_gen, precision.scaler, elapsed())
+                checkpoints.save(loop.step, raw, opt, state)
             if bar is not None:
                 bar.update(1)
-                if step % 10 == 0 and losses:
-                    bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.2g}")
-    train_s, train_cpu_s = time.perf_counter() - t_train, time.process_time() - c_train
+                if step % 10 == 0 and loop.losses:
+                    bar.set_postfix(loss=f"{loop.losses[-1]:.3f}", lr=f"{lr:.2g}")
+    times = elapsed()
     final_eval = evaluate(raw, eval_set, autocast)
     ablation = None
     if gc.layer_ablation and dist.is_main and monitor.step is None and math.isfinite(final_eval):
         ablation = {"base": finite_or_none(final_eval), "skip": layer_ablation(raw, eval_set, autocast)}
+    losses, grad_norms, records, eval_curve = loop.losses, loop.grad_norms, loop.records, loop.eval_curve
     reason = None
     if monitor.step is not None:  # cut what ran after the diverging step (it was only noticed at the next read)
         stop = monitor.step
-        del losses[stop + 1 :]
+        del losses[stop + 1 :], grad_norms[stop + 1 :]
         records = [r for r in records if r["step"] <= stop]
         eval_curve = [(s, v) for s, v in eval_curve if s <= stop + 1]
         reason = "non-finite loss" if not math.isfinite(losses[-1]) else "loss above start + margin for patience steps"
@@ -342,8 +380,9 @@ def train_run(
     diverged = monitor.step is not None
     eval_curve.append((len(losses), final_eval))
     if curves is not None:
-        curves.update(losses, records, eval_curve, final=True)
+        curves.update(losses, records, eval_curve, grad_norms, final=True)
     window = [v for v in losses[-tc.final_window :] if math.isfinite(v)]
+    loss, grad_norm = [finite_or_none(v) for v in losses], [finite_or_none(v) for v in grad_norms]
     result = LMResult(
         reference=source.reference,
         model={"params": raw.num_params(), **backends_used(raw)},  # what the final (eager) eval ran
@@ -357,11 +396,19 @@ def train_run(
             "final": None if diverged else finite_or_none(final_eval),
             "curve": [[s, finite_or_none(v)] for s, v in eval_curve],
         },
-        loss=[finite_or_none(v) for v in losses],
+        loss=loss,
         diagnostics=records,
-        init_grad=init_grad,
+        init_grad=loop.init_grad,
         layer_ablation=ablation,
+        grad_norm=grad_norm,
+        stability=stab.summary(loss, grad_norm, records),
+        corpus=corpus,
     )
+    env = {"torch": torch.__version__, "device": str(device), "world_size": dist.world_size,
+           "threads": torch.get_num_threads(), "host": platform.node(), "pid": os.getpid()}  # fmt: skip
+    if checkpoints is not None and checkpoints.resumed_from:
+        env["resumed_from"] = list(checkpoints.resumed_from)
+    steps = max(len(losses), 1)
     return RunRecord(
         id=run.run_id,
         task="lm",
@@ -370,17 +417,10 @@ def train_run(
         config=run.to_dict(),
         result=result,
         time={
-            "wall_s": round(time.perf_counter() - t_wall, 3),
-            "cpu_s": round(time.process_time() - t_cpu, 3),
-            "step_ms": round(1e3 * train_s / max(len(losses), 1), 3),
-            "step_cpu_ms": round(1e3 * train_cpu_s / max(len(losses), 1), 3),
+            "wall_s": round(time.perf_counter() - t_wall + loop.elapsed.get("wall_s", 0.0), 3),
+            "cpu_s": round(time.process_time() - t_cpu + loop.elapsed.get("cpu_s", 0.0), 3),
+            "step_ms": round(1e3 * times["train_s"] / steps, 3),
+            "step_cpu_ms": round(1e3 * times["train_cpu_s"] / steps, 3),
         },
-        env={
-            "torch": torch.__version__,
-            "device": str(device),
-            "world_size": dist.world_size,
-            "threads": torch.get_num_threads(),
-            "host": platform.node(),
-            "pid": os.getpid(),
-        },
+        env=env,
     )

@@ -12,16 +12,13 @@ import hashlib
 import json
 import os
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+from lnblocks.study.core.atomic import tmp_path
 
 
 def _digest(obj: Any) -> str:
@@ -86,7 +83,7 @@ class TokenWriter:
         self.counts = np.zeros(vocab_size, dtype=np.int64)
         self.tokens = 0
         self.sha256 = hashlib.sha256()
-        self._tmp = _tmp_name(path)
+        self._tmp = tmp_path(path)
         self._file: Any = None
 
     def __enter__(self) -> TokenWriter:

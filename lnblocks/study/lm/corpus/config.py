@@ -59,9 +59,6 @@ _ONLY_FOR = {
     "text_column": "hf_dataset",
 }
 _TOKENIZED = ("text", "hf_dataset")  # sources that use tokenizer, eos_token, val_fraction
-# Keys added after run ids were fixed: a study's run config leaves them out while they hold these defaults, so the id
-# of every run configured before they existed stays the same (lnblocks.study.lm.config.DataConfig.to_dict).
-LATER_KEYS = {"exclude": (), "skip_undecodable": False, "allow_unused_vocab": False}
 # A vocab_size more than this many times the ids the data can hold is refused unless allow_unused_vocab is set.
 UNUSED_VOCAB_RATIO = 4
 

@@ -18,17 +18,15 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lnblocks.study.core.atomic import write_json_atomic
+from lnblocks.study.core.atomic import remove_stale_tmp, tmp_path, write_json_atomic
 from lnblocks.study.lm.corpus.cache import TokenWriter, corpus_lock, seal, unseal
 from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns, text_files
 from lnblocks.study.lm.corpus.evict import Lease, evict, keep_limit, touch
@@ -57,7 +55,8 @@ class CorpusSummary:
 
     ``cached``: the corpus was already in the cache (nothing tokenized); ``seconds``: time spent tokenizing;
     ``skipped``: text files left out as not UTF-8 (``skip_undecodable``); ``excluded``: files ``exclude`` left out;
-    ``warnings``: what looks wrong without being certainly wrong (printed once before any run).
+    ``warnings``: what looks wrong without being certainly wrong (printed once before any run); ``sha256``: of the
+    train and val token files; ``files``: how many input files (text / dataset files) went in.
     """
 
     source: str
@@ -74,11 +73,31 @@ class CorpusSummary:
     skipped: tuple[str, ...] = ()
     excluded: int = 0
     warnings: tuple[str, ...] = ()
+    sha256: tuple[str, str] = ("", "")
+    files: int | None = None
+
+    @property
+    def digest(self) -> str:
+        """What a run trained on: ``sha256:<32 hex>`` over both token files' sha256, the token type and the
+        vocabulary (``data.corpus``, part of the run's id): equal for equal tokens, whatever their paths."""
+        body = {"train": self.sha256[0], "val": self.sha256[1], "token_dtype": self.token_dtype,
+                "vocab_size": self.vocab_size}  # fmt: skip
+        return "sha256:" + _digest(body, 32)
+
+    def record(self) -> dict[str, Any]:
+        """What a run record keeps of its corpus (``result.corpus``): the digest and a summary, never the list of
+        input files (a ``text`` corpus of thousands of files would make every record that long)."""
+        return {
+            "digest": self.digest, "source": self.source, "tokenizer": self.tokenizer, "files": self.files,
+            "excluded": self.excluded, "skipped": len(self.skipped), "token_dtype": self.token_dtype,
+            "vocab_size": self.vocab_size, "train_tokens": self.train_tokens, "val_tokens": self.val_tokens,
+            "train_path": str(self.train_path), "val_path": str(self.val_path),
+        }  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["train_path"], d["val_path"] = str(self.train_path), str(self.val_path)
-        d["skipped"], d["warnings"] = list(self.skipped), list(self.warnings)
+        d["skipped"], d["warnings"], d["sha256"] = list(self.skipped), list(self.warnings), list(self.sha256)
         return d
 
     def describe(self) -> str:
@@ -191,6 +210,8 @@ def _summary(folder: Path, meta: Mapping[str, Any], cached: bool) -> CorpusSumma
         skipped=tuple(s["path"] for s in meta.get("skipped", ())),
         excluded=meta.get("excluded", 0),
         warnings=tuple(data_warnings(meta["reference"])),
+        sha256=(meta["bin_sha256"]["train"], meta["bin_sha256"]["val"]),
+        files=meta.get("files") if isinstance(meta.get("files"), int) else None,
     )
 
 
@@ -199,11 +220,7 @@ def _build(cfg: CorpusConfig, tok: TextTokenizer, folder: Path, key: dict[str, A
     vocab_size = key["vocab_size"]
     eos = None if cfg.eos_token is None else np.array([tok.token_id(cfg.eos_token)], dtype=np.int64)
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob(".*.tmp-*"):  # left by a killed preparer (we hold the lock: nobody writes now)
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
+    remove_stale_tmp(folder, every=True)  # left by a killed preparer (we hold the lock: nobody writes now)
     (folder / "meta.json").unlink(missing_ok=True)
     dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
     t0 = time.perf_counter()
@@ -215,7 +232,7 @@ def _build(cfg: CorpusConfig, tok: TextTokenizer, folder: Path, key: dict[str, A
         if cfg.source == "text":
             inputs = tokenize_text(cfg, tok, writers, eos, show)
         else:
-            hf_cache = folder / f".datasets.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            hf_cache = tmp_path(folder / "datasets")
             inputs = tokenize_dataset(cfg, tok, writers, eos, show, hf_cache)
         for split, w in writers.items():
             if w.tokens < 2:
@@ -291,6 +308,8 @@ def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
         val_tokens=token_count(val, dtype, "val_path"),
         reference=entry["reference"],
         warnings=tuple([w for w in layout if w] + data_warnings(entry["reference"])),
+        sha256=(entry["bin_sha256"]["train"], entry["bin_sha256"]["val"]),
+        files=2,
     )
 
 
@@ -316,6 +335,13 @@ def prepare_corpus(
     return summary
 
 
+def corpus_digest(cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool = False) -> str:
+    """The digest of the prepared corpus ``cfg`` describes (``CorpusSummary.digest``; prepared first if it is not in
+    the cache, else found by its cache key: a ``stat`` of each input file): what ``data.corpus`` of a run holds."""
+    summary, _ = _find_or_make(cfg, show_progress, checksums=False, hold=False)
+    return summary.digest
+
+
 def open_corpus(
     cfg: CorpusConfig | Mapping[str, Any],
     *,
@@ -324,11 +350,20 @@ def open_corpus(
     eval_batches: int = 8,
     data_seed: int = 0,
     show_progress: bool = False,
+    digest: str | None = None,
 ) -> TokenFileSource:
     """The training source of a corpus (prepared first if needed; a cached one is checked by its sizes, the
     checksums being ``prepare_corpus``'s): a drop-in sibling of the study's built-in sources (``batch(B, generator)``,
-    ``eval_set()``, ``reference``, ``vocab_size``). It holds the cache entry in use while it lives."""
+    ``eval_set()``, ``reference``, ``vocab_size``), with ``corpus`` (``CorpusSummary.record()``). It holds the cache
+    entry in use while it lives. ``digest``: the corpus the run was given (``data.corpus``); another is refused."""
     summary, lease = _find_or_make(cfg, show_progress, checksums=False, hold=True)
+    if digest is not None and summary.digest != digest:
+        if lease is not None:
+            lease.close()
+        raise ValueError(
+            f"data.corpus: the corpus changed since this run was set up (it was {digest}, the files now give "
+            f"{summary.digest}); rerun the study to train on the new corpus as new runs"
+        )
     source = TokenFileSource(
         summary.train_path,
         summary.val_path,
@@ -341,4 +376,5 @@ def open_corpus(
         reference=summary.reference,
     )
     source.lease = lease
+    source.corpus = summary.record()
     return source

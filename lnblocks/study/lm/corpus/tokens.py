@@ -28,7 +28,7 @@ from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource
 COUNT_CHUNK_TOKENS = 1 << 23  # tokens per bincount chunk: 64 MiB of int64 at most
 SAMPLE_BLOCKS = 16  # blocks of the file checked for ids >= vocab_size when a source opens
 SAMPLE_BLOCK_TOKENS = 1 << 16
-REFERENCE_FORMAT = 2  # in the key of a reference-loss entry: 1 had no sha256 and no max_id
+REFERENCE_FORMAT = 3  # in the key of a reference-loss entry: 1 had no sha256 and no max_id, 2 no files' sha256
 
 
 def token_count(path: Path, dtype: np.dtype, name: str = "path") -> int:
@@ -85,10 +85,11 @@ def count_tokens(
     name: str = "path",
     chunk_tokens: int = COUNT_CHUNK_TOKENS,
     progress: Any = None,
+    hasher: Any = None,
 ) -> np.ndarray:
     """``(vocab_size,)`` int64 counts of every id in ``path``, made chunk by chunk (streaming ``bincount``).
     Every id is checked: one ``>= vocab_size`` raises ``ValueError`` with its position. ``progress``: a tqdm bar
-    advanced by tokens."""
+    advanced by tokens; ``hasher``: a ``hashlib`` object fed the file's bytes on the way (its sha256 for free)."""
     n = token_count(path, dtype, name)
     counts = np.zeros(vocab_size, dtype=np.int64)
     for start in range(0, n, chunk_tokens):
@@ -98,6 +99,8 @@ def count_tokens(
         if int(chunk.max()) >= vocab_size:  # before bincount, which would allocate max id + 1 counters
             raise _bad_id_error(name, path, np.asarray(chunk), start, vocab_size, dtype)
         counts += np.bincount(chunk, minlength=vocab_size)
+        if hasher is not None:
+            hasher.update(chunk)
         del chunk
         if progress is not None:
             progress.update(min(chunk_tokens, n - start))
@@ -146,6 +149,9 @@ def _cached_reference(path: Path, key: dict[str, Any], vocab_size: int, train_to
         max_id = body.get("max_id")
         if why is None and not (isinstance(max_id, int) and 0 <= max_id < vocab_size):
             why = f"max_id {max_id!r} is not an id below vocab_size {vocab_size}"
+        sha = body.get("bin_sha256")
+        if why is None and not (isinstance(sha, dict) and all(isinstance(sha.get(k), str) for k in ("train", "val"))):
+            why = "it carries no sha256 of the token files"
         if why is None:
             return body
     print(f"warning: reference-loss cache {str(path)!r}: {why}; recomputing it", file=sys.stderr, flush=True)
@@ -162,8 +168,9 @@ def reference_entry(
     show_progress: bool = False,
     chunk_tokens: int = COUNT_CHUNK_TOKENS,
 ) -> dict[str, Any]:
-    """``{"reference": {...}, "max_id": ...}`` of a pair of token files (``reference_losses``, plus the largest id
-    in either file: what ``vocab_size`` is checked against)."""
+    """``{"reference": {...}, "max_id": ..., "bin_sha256": {"train", "val"}}`` of a pair of token files
+    (``reference_losses``, plus the largest id in either file: what ``vocab_size`` is checked against, and each
+    file's sha256: what the corpus digest of a run is made of)."""
     key = {
         "format": REFERENCE_FORMAT,
         "train": _file_key(train_path),
@@ -177,20 +184,26 @@ def reference_entry(
     if cached is not None:
         hit = _cached_reference(cached, key, vocab_size, n_train)
         if hit is not None:
-            return {"reference": hit["reference"], "max_id": hit["max_id"]}
+            return {"reference": hit["reference"], "max_id": hit["max_id"], "bin_sha256": hit["bin_sha256"]}
     n = n_train + token_count(val_path, dtype, "val_path")
     bar = None
     if show_progress:
         from lnblocks._optional import require
 
         bar = require("tqdm").tqdm(total=n, desc="counting tokens", unit="tok", unit_scale=True, leave=False)
+    sha = {"train": hashlib.sha256(), "val": hashlib.sha256()}
+    options = {"chunk_tokens": chunk_tokens, "progress": bar}
     try:
-        train = count_tokens(train_path, dtype, vocab_size, name="train_path", chunk_tokens=chunk_tokens, progress=bar)
-        val = count_tokens(val_path, dtype, vocab_size, name="val_path", chunk_tokens=chunk_tokens, progress=bar)
+        train = count_tokens(train_path, dtype, vocab_size, name="train_path", hasher=sha["train"], **options)
+        val = count_tokens(val_path, dtype, vocab_size, name="val_path", hasher=sha["val"], **options)
     finally:
         if bar is not None:
             bar.close()
-    entry = {"reference": reference_from_counts(train, val), "max_id": int(np.flatnonzero(train + val).max())}
+    entry = {
+        "reference": reference_from_counts(train, val),
+        "max_id": int(np.flatnonzero(train + val).max()),
+        "bin_sha256": {k: h.hexdigest() for k, h in sha.items()},
+    }
     if cached is not None:
         write_json_atomic(cached, seal({"key": key, **entry}))
     return entry
@@ -213,10 +226,12 @@ class TokenFileSource(TokenSource):
 
     ``reference``: given (e.g. counted while tokenizing), else computed by a streaming pass and cached (see
     ``reference_losses``). Opening checks sizes, lengths and a sample of ids; the reference pass checks every id.
-    ``lease``: what holds a cache entry in use while the source lives (set by ``open_corpus``).
+    ``lease``: what holds a cache entry in use while the source lives; ``corpus``: the summary a run record keeps
+    (both set by ``open_corpus``).
     """
 
     lease: Any = None
+    corpus: dict[str, Any] | None = None
 
     def __init__(
         self,

@@ -123,5 +123,10 @@ def fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def positive(profiles: Iterable[Iterable[float]]) -> bool:
+    """Whether every value of every profile is a finite number > 0 (what a log-scale slope needs)."""
+    return all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for p in profiles for v in p)
+
+
 def finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and isinstance(v, int | float) and math.isfinite(v)]

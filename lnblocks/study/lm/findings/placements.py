@@ -19,6 +19,7 @@ from lnblocks.study.lm.findings.common import (
     discordant_text,
     fmt,
     paired_cells,
+    positive,
     roles,
     show,
     threshold_text,
@@ -49,20 +50,42 @@ def _threshold_claim(rows, cid, title, paper, low, high, keep, what, scale="") -
     return judged(cid, title, paper, est, ">", None, text, scale)
 
 
-def _paired(rows, a, b, value: Callable[[dict], float | None], label="difference") -> tuple[Estimate | None, int]:
-    """Mean over cells where both trained of ``value(a) - value(b)``, and how many cells."""
+def _paired(
+    rows,
+    a,
+    b,
+    value: Callable[[dict], float | None],
+    label="difference",
+    keep: Callable[[tuple], bool] = lambda c: True,
+) -> tuple[Estimate | None, int]:
+    """Mean over cells (that ``keep`` accepts) where both trained of ``value(a) - value(b)``, and how many cells."""
     diffs = []
-    for _, ra, rb in paired_cells(rows, a, b):
+    for _, ra, rb in paired_cells(rows, a, b, keep):
         va, vb = value(ra), value(rb)
         if trained(ra) and trained(rb) and va is not None and vb is not None:
             diffs.append(va - vb)
     return (mean_interval(diffs, label=label) if diffs else None), len(diffs)
 
 
-def _deepest(profiles: list[InitProfile], arches: list[str]) -> int | None:
-    depths = [set(p.depth for p in profiles if p.arch == a and p.w2) for a in arches]
-    common = set.intersection(*depths) if depths else set()
+def _deepest(profiles: list[InitProfile], arches: list[str], allowed: set[int] | None = None) -> int | None:
+    """The deepest depth (>= 2: a slope over layers needs two; among ``allowed`` if given) at which every arch has
+    an init profile with a gradient in every layer (the slopes take its log)."""
+    depths = [set(p.depth for p in profiles if p.arch == a and p.w2 and positive(p.w2)) for a in arches]
+    common = {d for d in set.intersection(*depths) if d >= 2} if depths else set()
+    if allowed is not None:
+        common &= allowed
     return max(common) if common else None
+
+
+def _mixed_depths(rows: list[dict[str, Any]], arch: str) -> tuple[set[int] | None, list[int]]:
+    """The depths at which the Mix-LN arm ``arch`` has both Post-LN and Pre-LN layers, and the depths at which it
+    has one kind only (plain Pre-LN or Post-LN there); (None, []) when the rows do not say (a summary written
+    before ``mix_post_layers``)."""
+    known = [(r["depth"], r.get("mix_post_layers")) for r in rows if r["arch"] == arch]
+    if not known or any(n is None for _, n in known):
+        return None, []
+    mixed = {d for d, n in known if 0 < n < d}
+    return mixed, sorted({d for d, n in known if not 0 < n < d})
 
 
 def _slopes(profiles: list[InitProfile], arch: str, depth: int, absolute: bool = False) -> dict[int, float]:
@@ -134,7 +157,9 @@ def residual(rows: list[dict[str, Any]], r: dict[str, str], profiles: list[InitP
     d = _deepest(profiles, [r["post"], r["resi_dual"]])
     if d is None:
         out.append(
-            not_tested("R1", "ResiDual avoids Post-LN's gradient vanishing at init", RESIDUAL, "no init profile")
+            not_tested(
+                "R1", "ResiDual avoids Post-LN's gradient vanishing at init", RESIDUAL, NO_PROFILE.format("both arms")
+            )
         )
     else:
         post, resi = _slopes(profiles, r["post"], d), _slopes(profiles, r["resi_dual"], d)
@@ -155,6 +180,7 @@ def residual(rows: list[dict[str, Any]], r: dict[str, str], profiles: list[InitP
                 0.0,
                 text,
                 "the representation-collapse and BLEU claims need translation-scale training",
+                none_why="one seed: no pairs to compare",
             )
         )
     out.append(
@@ -172,14 +198,28 @@ def residual(rows: list[dict[str, Any]], r: dict[str, str], profiles: list[InitP
     return out
 
 
+NO_PROFILE = "no init profile of {} at a depth >= 2 with a gradient in every layer (a slope over layers needs two)"
+
+
 def mix_ln(rows: list[dict[str, Any]], r: dict[str, str], profiles: list[InitProfile]) -> list[Claim]:
     out = []
     title = "Mix-LN's gradient norms are more uniform across layers than {}'s"
-    d = _deepest(profiles, [r["pre"], r["post"], r["mix_ln"]])
+    mixed, pure = _mixed_depths(rows, r["mix_ln"])
+    one_kind = (
+        f"at L = {', '.join(map(str, pure))} floor(mix_post_fraction * L) leaves Mix-LN with one kind of layer "
+        "(plain Pre-LN or Post-LN)"
+    )
+    note = f" Left out: {one_kind}." if pure else ""
+    keep: Callable[[tuple], bool] = (lambda c: True) if mixed is None else (lambda c: c[0] in mixed)
+    d = _deepest(profiles, [r["pre"], r["post"], r["mix_ln"]], mixed)
     for cid, other in (("M1", "pre"), ("M1b", "post")):
         name = "Pre-LN" if other == "pre" else "Post-LN"
         if d is None:
-            out.append(not_tested(cid, title.format(name), MIXLN, "no init profile"))
+            if mixed is not None and not mixed:
+                why = f"Mix-LN mixes at no depth of the grid: {one_kind}."
+            else:
+                why = NO_PROFILE.format(f"{name} and Mix-LN") + (" where Mix-LN mixes." if pure else ".") + note
+            out.append(Claim(cid, title.format(name), MIXLN, None, f"Not tested: {why}"))
             continue
         a, m = _slopes(profiles, r[other], d, absolute=True), _slopes(profiles, r["mix_ln"], d, absolute=True)
         est = _paired_seeds(a, m)
@@ -193,12 +233,18 @@ def mix_ln(rows: list[dict[str, Any]], r: dict[str, str], profiles: list[InitPro
             r[other],
             r["mix_ln"],
             lambda row: abs(row["final_gradW2_slope"]) if row.get("final_gradW2_slope") is not None else None,
+            keep=keep,
         )
         text += (
             f" After training (last logged step), the same difference over the {n} cells where both trained: "
-            f"{show(after)} (reported, not the verdict)."
+            f"{show(after)} (reported, not the verdict).{note}"
         )
-        out.append(judged(cid, title.format(name), MIXLN, est, ">", 0.0, text, "the perplexity claims start at 70M"))
+        out.append(
+            judged(
+                cid, title.format(name), MIXLN, est, ">", 0.0, text, "the perplexity claims start at 70M",
+                none_why="one seed: no pairs to compare",
+            )
+        )  # fmt: skip
     return out
 
 

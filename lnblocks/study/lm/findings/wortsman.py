@@ -81,7 +81,8 @@ def logit_slope(curve: dict[float, dict[str, Any]]) -> float | None:
 
 def sensitivity(curve: dict[float, dict[str, Any]]) -> float:
     """Wortsman's LR sensitivity ``E_lr[min(l, l0) - l*]`` of one unit."""
-    init = float(np.mean([r["initial_loss"] for r in curve.values()]))
+    initial = [r["initial_loss"] for r in curve.values() if r["initial_loss"] is not None]
+    init = float(np.mean(initial)) if initial else math.nan  # non-finite from the first step: no initial loss
     return lr_sensitivity({lr: r["final_loss"] for lr, r in curve.items()}, init)
 
 
@@ -139,7 +140,9 @@ def w1_w2(rows: list[dict[str, Any]], a: dict[str, Arm]) -> list[Claim]:
     )
     out.append(judged("W2a", "qk-layernorm removes the attention-logit growth", PAPER, est, ">", 0.0, text))
 
-    sens = [(sensitivity(noqk[u]), sensitivity(qk[u])) for u in units]
+    sens = [
+        (x, y) for u in units if math.isfinite(x := sensitivity(noqk[u])) and math.isfinite(y := sensitivity(qk[u]))
+    ]
     est = mean_interval([x - y for x, y in sens], label="difference") if sens else None
     text = (
         "Paired by unit, Wortsman's LR sensitivity E_lr[min(l, l0) - l*] without qk-norm minus with it "
@@ -213,6 +216,8 @@ def w4(rows: list[dict[str, Any]], a: dict[str, Arm]) -> Claim:
             keys = [(base[0], base[1], w, s), (deep[0], deep[1], w, s), (wide[0], wide[1], w, s)]
             if all(k in c for k in keys):
                 b, dd, ww = (sensitivity(c[k]) for k in keys)
+                if not all(math.isfinite(v) for v in (b, dd, ww)):
+                    continue
                 diffs.append((dd - b) - (ww - b))
                 parts.append(f"{name} s={s}: {fmt(b)} base, {fmt(dd)} deeper, {fmt(ww)} wider")
     est = mean_interval(diffs, label="difference") if diffs else None

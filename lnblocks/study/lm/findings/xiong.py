@@ -21,6 +21,7 @@ from lnblocks.study.lm.findings.common import (
     discordant_text,
     fmt,
     paired_cells,
+    positive,
     roles,
     threshold_text,
 )
@@ -31,7 +32,8 @@ GRAD_RULE = "per-seed least-squares slope of log ||grad W_2|| on the layer index
 
 
 def _by_depth(profiles: list[InitProfile], arch: str) -> dict[int, InitProfile]:
-    return {p.depth: p for p in profiles if p.arch == arch and p.w2}
+    """The arch's profiles by depth, those with a gradient in every layer (the claims fit its log)."""
+    return {p.depth: p for p in profiles if p.arch == arch and p.w2 and positive(p.w2)}
 
 
 def _ratio_text(prof: dict[int, InitProfile]) -> str:

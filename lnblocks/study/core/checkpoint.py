@@ -1,0 +1,422 @@
+"""Mid-run checkpoints of a study run: the core owns the files, their atomic writing, their validation, retention
+and the resume decision; what a checkpoint holds besides the model, the optimizer and the process's RNGs is the
+task's (``Checkpoints.save(step, model, optimizer, state)`` / ``Checkpoints.load``).
+
+A run with ``train.checkpoint`` (``CheckpointConfig``) keeps its checkpoints in ``<dir>/<run id>/`` (``dir``
+defaults to ``OUT/checkpoints``), one folder per step::
+
+    step-000000120/  manifest.json   format, lnblocks and torch versions, the run's config digest, step, world size,
+                                     the steps it was resumed from, and every file's size and sha256
+                     model.pt        one process: {"model", "optim"} as torch.distributed.checkpoint.state_dict's
+                                     get_state_dict gives them (fully qualified names), in one torch.save file
+                     model/          under torchrun: the same state through torch.distributed.checkpoint (DCP),
+                                     each rank writing its part (reshardable across world sizes)
+                     state-<rank>.pt the task's state and the process's RNGs (torch CPU and CUDA, numpy, Python)
+
+A checkpoint is written into ``.step-<n>.tmp-<pid>/``, every file fsynced, the manifest written last, the folder
+fsynced and renamed into place, then the run's folder fsynced: a reader sees a complete checkpoint or none. A
+checkpoint whose manifest is unreadable or whose files do not match it (truncated, corrupted) is named on stderr
+and the previous one is used; one written for another config, by an incompatible lnblocks or for another world size
+is refused (``CheckpointError``, before any run trains: ``check_folder``). A write that fails part-way (a full
+disk) removes its temporary folder and leaves the previous checkpoints as they were.
+
+``LNBLOCKS_CHECKPOINT_FAULT=<fault>@<n>`` makes this process fail on purpose, for the tests of the resume
+guarantee: ``kill-at-step@k`` (SIGKILL once k steps are done), ``kill-mid-write@n`` (SIGKILL after the model file of
+the n-th checkpoint is written), ``kill-before-rename@n``, ``kill-after-save@n`` (just after it is in place),
+``enospc-mid-write@n`` (the n-th write fails part-way as on a full disk). A fault fires on rank 0 only, and only in
+an attempt that did not resume (so a retried run does not fail again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lnblocks.config import Config, ConfigValueError, check_bool, check_float, check_int, check_str
+from lnblocks.study.core.tasks import DistContext
+
+FORMAT = "lnblocks.checkpoint/1"
+FAULT_ENV = "LNBLOCKS_CHECKPOINT_FAULT"
+FAULTS = ("kill-at-step", "kill-mid-write", "kill-before-rename", "kill-after-save", "enospc-mid-write")
+_STEP = re.compile(r"^step-(\d{9})$")
+_CHUNK = 1 << 24
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be used or written; the message is one line naming the folder."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig(Config):
+    """``train.checkpoint``: a checkpoint every ``every`` steps and/or every ``every_s`` seconds (at the end of the
+    step where the time is up), the newest ``keep`` kept, in ``dir/<run id>/`` (default ``OUT/checkpoints``: set
+    ``dir`` to storage every worker reaches when Ray workers do not share the driver's disk). A finished run's
+    checkpoints are removed once its record is written, unless ``keep_finished``. How a run is checkpointed never
+    changes its record, so this section is not part of the run's id."""
+
+    every: int | None = None
+    every_s: float | None = None
+    keep: int = 2
+    dir: str | None = None
+    keep_finished: bool = False
+
+    def __post_init__(self) -> None:
+        self._set("every", check_int("every", self.every, minimum=1, allow_none=True))
+        self._set("every_s", check_float("every_s", self.every_s, lo=0, lo_open=True, allow_none=True))
+        self._set("keep", check_int("keep", self.keep, minimum=1))
+        check_str("dir", self.dir, allow_none=True)
+        check_bool("keep_finished", self.keep_finished)
+        if self.every is None and self.every_s is None:
+            raise ConfigValueError(
+                "every", "or every_s must be set (a checkpoint every N steps and/or S seconds); null: no checkpoints"
+            )
+
+
+def checkpoint_folder(cfg: CheckpointConfig, out_dir: str | os.PathLike[str], run_id: str) -> Path:
+    """The absolute folder of one run's checkpoints: ``<cfg.dir or OUT/checkpoints>/<run id>``."""
+    base = Path(os.path.expanduser(cfg.dir)) if cfg.dir else Path(out_dir) / "checkpoints"
+    return (base / run_id).absolute()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _step_dirs(folder: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every checkpoint folder in ``folder``, newest first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        obj = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError:
+        return None, "no manifest.json"
+    except (OSError, ValueError) as err:
+        return None, f"manifest.json unreadable ({err})"
+    if not isinstance(obj, dict) or not isinstance(obj.get("format"), str):
+        return None, "manifest.json is not a checkpoint manifest"
+    return obj, None
+
+
+def _incompatible(path: Path, manifest: dict[str, Any], identity: str, world_size: int) -> str | None:
+    """Why the checkpoint at ``path`` belongs to another run or another lnblocks (None if it is this run's)."""
+    if manifest["format"] != FORMAT:
+        return (
+            f"checkpoint {path} has format {manifest['format']!r} (lnblocks {manifest.get('lnblocks', '?')}); this "
+            f"lnblocks reads {FORMAT!r}: resume with that lnblocks, or remove {path.parent} to start the run over"
+        )
+    if manifest.get("identity") != identity:
+        return (
+            f"checkpoint {path} was written for another run config (digest {str(manifest.get('identity'))[:12]}, "
+            f"this run's is {identity[:12]}): remove {path.parent} or point train.checkpoint.dir elsewhere"
+        )
+    if manifest.get("world_size") != world_size:
+        return (
+            f"checkpoint {path} was written by {manifest.get('world_size')} process(es), this run has {world_size}: "
+            "resume with the same torchrun world size, or remove the folder to start the run over"
+        )
+    return None
+
+
+def check_folder(folder: Path, identity: str, world_size: int = 1) -> None:
+    """Before any run trains (the driver): create ``folder`` and check it is writable and that no checkpoint in it
+    belongs to another run config, lnblocks format or world size; ``CheckpointError`` otherwise."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(
+            f"train.checkpoint: the checkpoint folder {folder} is not writable ({err.strerror or err}); "
+            "set train.checkpoint.dir to a writable folder"
+        ) from None
+    for _, path in _step_dirs(folder):
+        manifest, _ = _read_manifest(path)
+        why = None if manifest is None else _incompatible(path, manifest, identity, world_size)
+        if why is not None:
+            raise CheckpointError(f"train.checkpoint: {why}")
+
+
+def remove_folder(folder: Path) -> None:
+    """Remove a finished run's checkpoints (and ``checkpoints/`` itself once it is empty)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: other runs' checkpoints
+        folder.parent.rmdir()
+
+
+# ---- the process's RNGs ------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a run may draw from that is not its own generator: torch CPU (and CUDA: dropout on the GPU), numpy
+    and Python ``random``, in a form ``torch.load(weights_only=True)`` reads back."""
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    out: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(state["python"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- one run's checkpoints ---------------------------------------------------------------------------------------
+
+
+def _parse_fault(text: str | None) -> tuple[str, int] | None:
+    if not text:
+        return None
+    kind, _, n = text.partition("@")
+    if kind not in FAULTS or not n.isdigit():
+        raise ValueError(f"{FAULT_ENV} must be <fault>@<n> with a fault in {list(FAULTS)}, got {text!r}")
+    return kind, int(n)
+
+
+class Checkpoints:
+    """The checkpoints of one run as its task's ``train`` uses them (``RunContext.checkpoints``): ``latest()``
+    picks the newest valid one (or None), ``load(step, model, optimizer)`` restores the model, the optimizer and the
+    process's RNGs and returns the task's state, ``due(steps_done)`` says whether to save now, and ``save(...)``
+    writes one. ``resumed_from``: the steps this run has been resumed from, oldest first. Under torchrun every rank
+    makes the same calls (the writes and the decisions are collective; rank 0 validates and decides)."""
+
+    def __init__(self, folder: str | os.PathLike[str], cfg: CheckpointConfig, identity: str, dist: DistContext):
+        self.folder, self.cfg, self.identity, self.dist = Path(folder), cfg, identity, dist
+        self.resumed_from: list[int] = []
+        self._saves = 0
+        self._last_save = time.monotonic()
+        self._fault = _parse_fault(os.environ.get(FAULT_ENV))
+        self._owner = self._broadcast(os.getpid())  # rank 0's pid names the temporary folder of every rank
+
+    # -- collectives (no-ops in one process)
+    def _broadcast(self, value: Any) -> Any:
+        if not self.dist.enabled:
+            return value
+        import torch.distributed as td
+
+        box = [value]
+        td.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _barrier(self) -> None:
+        if self.dist.enabled:
+            import torch.distributed as td
+
+            td.barrier()
+
+    def _inject(self, kind: str, n: int) -> None:
+        if self._fault != (kind, n) or self.resumed_from or not self.dist.is_main:
+            return
+        if kind.startswith("kill"):
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(28, "No space left on device (injected by LNBLOCKS_CHECKPOINT_FAULT)")
+
+    # -- the resume decision
+    def latest(self) -> int | None:
+        """The step of the newest valid checkpoint (None: start from step 0). Leftover temporary folders of a
+        killed writer are removed; a damaged checkpoint is named on stderr and the previous one tried."""
+        step = None
+        if self.dist.is_main:
+            for tmp in self.folder.glob(".step-*.tmp-*") if self.folder.is_dir() else ():
+                shutil.rmtree(tmp, ignore_errors=True)  # the run's lock is held: no writer is alive
+            for n, path in _step_dirs(self.folder):
+                why = self._problem(path, n)
+                if why is None:
+                    step = n
+                    break
+                print(f"warning: checkpoint {path} is damaged ({why}); trying the one before it", file=sys.stderr)
+        return self._broadcast(step)
+
+    def _problem(self, path: Path, step: int) -> str | None:
+        manifest, why = _read_manifest(path)
+        if manifest is None:
+            return why
+        bad = _incompatible(path, manifest, self.identity, self.dist.world_size)
+        if bad is not None:
+            raise CheckpointError(f"train.checkpoint: {bad}")
+        files = manifest.get("files")
+        if manifest.get("step") != step or not isinstance(files, dict) or not files:
+            return "its manifest does not describe this step"
+        for rel, want in files.items():
+            f = path / rel
+            if not isinstance(want, dict) or ".." in Path(rel).parts:
+                return f"its manifest's entry for {rel!r} is malformed"
+            if not f.is_file():
+                return f"{rel} is missing"
+            if f.stat().st_size != want.get("bytes"):
+                return f"{rel} has {f.stat().st_size:,} bytes, the manifest says {want.get('bytes')}"
+            if file_sha256(f) != want.get("sha256"):
+                return f"{rel} does not match its sha256"
+        return None
+
+    def load(self, step: int, model: Any, optimizer: Any) -> dict[str, Any]:
+        """Restore ``model`` and ``optimizer`` (in place) and the process's RNGs from the checkpoint of ``step``;
+        return the task's state."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = self.folder / f"step-{step:09d}"
+        manifest, _ = _read_manifest(path)
+        assert manifest is not None
+        msd, osd = get_state_dict(model, optimizer)  # fresh: shapes and names to load into
+        if self.dist.enabled:
+            import torch.distributed.checkpoint as dcp
+
+            payload = {"model": msd, "optim": osd}
+            dcp.load(payload, checkpoint_id=str(path / "model"))
+            msd, osd = payload["model"], payload["optim"]
+        else:
+            payload = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+            msd, osd = payload["model"], payload["optim"]
+        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
+        saved = torch.load(path / f"state-{self.dist.rank}.pt", map_location="cpu", weights_only=True)
+        set_rng_state(saved["rng"])
+        self.resumed_from = [*manifest.get("resumed_from", []), step]
+        if manifest.get("torch") != torch.__version__ and self.dist.is_main:
+            print(
+                f"warning: checkpoint {path} was written with torch {manifest.get('torch')}, this is "
+                f"{torch.__version__}: the resumed run may not be bit-identical to an uninterrupted one",
+                file=sys.stderr,
+            )
+        self._last_save = time.monotonic()
+        return saved["task"]
+
+    # -- saving
+    def due(self, steps_done: int) -> bool:
+        """Whether to checkpoint now that ``steps_done`` steps are done (the same answer on every rank)."""
+        self._inject("kill-at-step", steps_done)
+        if self.cfg.every is not None and steps_done % self.cfg.every == 0:
+            return True
+        if self.cfg.every_s is None:
+            return False
+        return bool(self._broadcast(time.monotonic() - self._last_save >= self.cfg.every_s))
+
+    def save(self, step: int, model: Any, optimizer: Any, state: dict[str, Any]) -> None:
+        """Write the checkpoint of ``step`` (``steps_done``): model and optimizer, ``state`` (the task's: anything
+        ``torch.load(weights_only=True)`` reads) and the RNGs; then drop all but the newest ``keep``."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self._saves += 1
+        name = f"step-{step:09d}"
+        final, tmp = self.folder / name, self.folder / f".{name}.tmp-{self._owner}"
+        try:
+            if self.dist.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            self._barrier()
+            msd, osd = get_state_dict(model, optimizer)
+            if self.dist.enabled:
+                import torch.distributed.checkpoint as dcp
+
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / "model"))  # each rank its part
+            else:
+                _save_synced({"model": msd, "optim": osd}, tmp / "model.pt")
+            self._inject("kill-mid-write", self._saves)
+            self._inject("enospc-mid-write", self._saves)
+            _save_synced({"task": state, "rng": rng_state()}, tmp / f"state-{self.dist.rank}.pt")
+            self._barrier()
+            if self.dist.is_main:
+                self._seal(tmp, step, torch.__version__)
+                self._inject("kill-before-rename", self._saves)
+                if final.exists():  # a damaged checkpoint of the same step from an earlier attempt
+                    shutil.rmtree(final)
+                os.rename(tmp, final)
+                _fsync_dir(self.folder)
+                for _, old in _step_dirs(self.folder)[self.cfg.keep :]:
+                    shutil.rmtree(old, ignore_errors=True)
+                self._inject("kill-after-save", self._saves)
+            self._barrier()
+        except OSError as err:
+            if self.dist.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            previous = [n for n, _ in _step_dirs(self.folder)]
+            kept = f"its checkpoint of step {previous[0]} is intact" if previous else "it has no earlier checkpoint"
+            raise CheckpointError(
+                f"train.checkpoint: writing {final} failed ({err.strerror or err}); the run stops here and {kept}: "
+                "free space (or fix the folder) and rerun the same command to resume"
+            ) from None
+        self._last_save = time.monotonic()
+
+    def _seal(self, tmp: Path, step: int, torch_version: str) -> None:
+        """Write the manifest (every file's size and sha256) last, and fsync the folders."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            lnblocks_version = version("lnblocks")
+        except PackageNotFoundError:  # a source checkout that is not installed
+            lnblocks_version = "unknown"
+
+        files = {}
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            files[str(f.relative_to(tmp))] = {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
+        manifest = {
+            "format": FORMAT,
+            "lnblocks": lnblocks_version,
+            "torch": torch_version,
+            "identity": self.identity,
+            "step": step,
+            "world_size": self.dist.world_size,
+            "writer": "dcp" if self.dist.enabled else "torch.save",
+            "resumed_from": self.resumed_from,
+            "files": files,
+        }
+        with open(tmp / "manifest.json", "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        for sub in {p.parent for p in tmp.rglob("*")} | {tmp}:
+            _fsync_dir(sub)
+
+
+def _save_synced(obj: Any, path: Path) -> None:
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
