@@ -172,9 +172,14 @@ class ProfileJob:
         return self.run.train.threads
 
 
-def measure_job(job: ProfileJob, ctx: Any = None) -> tuple[dict[str, list[float]], list[float]]:
-    """``Job.call`` of a ``ProfileJob``: ``measure_seed`` in the worker that got it."""
-    return measure_seed(job.run, job.seed, job.batches)
+def measure_job(job: ProfileJob, ctx: Any = None) -> Any:
+    """``Job.call`` of a ``ProfileJob``: ``measure_seed`` in the worker that got it. A profile that cannot be
+    measured (its data gone, a config the model refuses) comes back as ``{"error": line}``, which leaves that arm
+    out with a warning; any other exception is a bug and fails the report."""
+    try:
+        return measure_seed(job.run, job.seed, job.batches)
+    except (ValueError, TypeError, OSError) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 def _measure_all(
@@ -182,23 +187,28 @@ def _measure_all(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """``measure`` of every run in ``todo`` (by cache key) over ``seeds``, one job per (run, seed) on ``executor``
     (None: a ``SerialExecutor``); results assembled by key and seed, so the order jobs finish in does not matter.
-    Returns the measurements and, for a key whose job failed (its data gone ...), the error's last line."""
+    Returns the measurements and, for a key whose profile cannot be measured (its data gone ...), why; a job that
+    failed otherwise (a bug) raises ``RuntimeError``."""
     from lnblocks.study.core.executors import Job, Outcome, SerialExecutor
 
     jobs = [Job("lm", ProfileJob(run, seed, batches), call=measure_job) for run in todo.values() for seed in seeds]
     got: dict[tuple[str, int], Any] = {}
     errors: dict[str, str] = {}
+    bugs: list[str] = []
 
     def done(job: Job, outcome: Outcome) -> None:
         if outcome.error is not None:
-            lines = outcome.error.strip().splitlines() or ["failed"]
-            errors.setdefault(job.run.run.run_id, lines[-1])
+            bugs.append(f"{job.run_id}: {(outcome.error.strip().splitlines() or ['failed'])[-1]}")
+        elif isinstance(outcome.value, dict):
+            errors.setdefault(job.run.run.run_id, outcome.value["error"])
         else:
             got[(job.run.run.run_id, job.run.seed)] = outcome.value
         if progress is not None:
             progress.update(1)
 
     (executor or SerialExecutor()).map(iter(jobs), done)
+    if bugs:
+        raise RuntimeError(f"{len(bugs)} init-profile job(s) failed; first: {bugs[0]}")
     out, failed = {}, {}
     for key, run in todo.items():
         if run.run_id in errors:
