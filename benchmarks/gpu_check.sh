@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call that measures everything the fused kernels owe (issue 14), in at most ~10 minutes (595 s of section timeouts):
+# One GPU call that measures everything the fused kernels owe (issue 14), in at most ~10 minutes (595 s of timeouts):
 #
 #   run(command="bash benchmarks/gpu_check.sh", carry=["benchmarks/wheels"], timeout_s=600)
 #   bash benchmarks/gpu_check.sh [--smoke] [OUT_DIR]        # OUT_DIR defaults to $OUT, else ./gpu_check_out
