@@ -1,6 +1,7 @@
 """Checkpoints and bad input (issue 20, items 1 and 7): ``train.checkpoint`` is validated with dotted keys, never
-part of a run's id; an unwritable folder, a checkpoint of another config, of an incompatible lnblocks format or of
-another world size is refused before any run trains (one line, exit 2), never resumed from; a write that fails
+part of a run's id; an unwritable folder, a checkpoint of another config or of an incompatible lnblocks format is
+refused before any run trains (one line, exit 2), never resumed from (another world size resumes, resharded:
+test_study_sharded.py); a write that fails
 part-way (a full disk) stops the sweep with one line and exit 2, leaves the previous checkpoint usable, and the rerun
 resumes from it to the uninterrupted record; ``every_s`` and ``keep`` do what they say."""
 
