@@ -22,8 +22,9 @@ float reduction order rather than bit for bit (one line on stderr says so).
 A checkpoint is written into ``.step-<n>.tmp-<pid>/``, every file fsynced, the manifest written last, the folder
 fsynced and renamed into place, then the run's folder fsynced: a reader sees a complete checkpoint or none. A
 checkpoint whose manifest is unreadable or whose files do not match it (truncated, corrupted) is named on stderr
-and the previous one is used; one written for another config or by an incompatible lnblocks is refused (``CheckpointError``, before any run trains: ``check_folder``). A write that fails part-way (a full
-disk) removes its temporary folder and leaves the previous checkpoints as they were.
+and the previous one is used; one written for another config or by an incompatible lnblocks is refused
+(``CheckpointError``, before any run trains: ``check_folder``). A write that fails part-way (a full disk) removes its
+temporary folder and leaves the previous checkpoints as they were.
 
 ``LNBLOCKS_CHECKPOINT_FAULT=<fault>@<n>`` makes this process fail on purpose, for the tests of the resume
 guarantee: ``kill-at-step@k`` (SIGKILL once k steps are done), ``kill-mid-write@n`` (SIGKILL after the model file of
