@@ -16,6 +16,8 @@
 #               forward, unpatched vs lnblocks.hf.patch_norms vs patch_norms(fuse_residual=True), paired ratios
 #   6. resume   a bf16 study run with train.deterministic and checkpoints, SIGKILLed mid-run (LNBLOCKS_CHECKPOINT_FAULT)
 #               and resumed, against the uninterrupted run: "bit-identical" or the fields that differ (docs/long-runs.md)
+#   7. vocab    benchmarks/bench_study_step.py --device cuda: the study's training step at V = 256, 30,522, 50,257
+#               with the full logits vs the chunked LM head (issue 23): step time and peak memory (table in summary)
 # Writes at most 8 files into the output folder: summary.txt, check.log, tests.log, kernels.md, kernels.json,
 # models.json, study.log, hf.json (and nothing else); prints the summary last.
 #
@@ -42,11 +44,11 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRI
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$SMOKE" = 1 ]; then
   export TRITON_INTERPRET=1
-  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120 T_HF=120 T_RESUME=180
+  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120 T_HF=120 T_RESUME=180 T_VOCAB=120
 else
   export TRITON_INTERPRET=0
-  T_TESTS=${T_TESTS:-140} T_KERNELS=${T_KERNELS:-190} T_MODELS=${T_MODELS:-120} T_STUDY=${T_STUDY:-60}
-  T_HF=${T_HF:-50} T_RESUME=${T_RESUME:-90}
+  T_TESTS=${T_TESTS:-115} T_KERNELS=${T_KERNELS:-170} T_MODELS=${T_MODELS:-110} T_STUDY=${T_STUDY:-50}
+  T_HF=${T_HF:-45} T_RESUME=${T_RESUME:-60} T_VOCAB=${T_VOCAB:-45}
 fi
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/check.log"
@@ -195,6 +197,15 @@ section resume "$T_RESUME" bash -c "$PY '$WORK/resume.py' '$WORK' $((RESUME_STEP
   rc=\$?; tail -n 1 '$OUT/study.log'; exit \$rc"
 grep '^resume:' "$OUT/study.log" >>"$SUMMARY" || echo "resume: no result (see study.log)" >>"$SUMMARY"
 
+# ---- 7. the study's step at real vocabularies: full logits vs the chunked LM head ---------------------------------
+if [ "$SMOKE" = 1 ]; then
+  VOCAB_ARGS="--smoke"
+else
+  VOCAB_ARGS="--device cuda --rounds 1 --steps 20 --warmup 3"
+fi
+section vocab "$T_VOCAB" bash -c "$PY benchmarks/bench_study_step.py $VOCAB_ARGS >'$WORK/vocab.md' 2>&1; rc=\$?; \
+  cat '$WORK/vocab.md'; exit \$rc"
+
 # ---- summary, printed last ------------------------------------------------------------------------------------------
 {
   echo
@@ -207,6 +218,9 @@ grep '^resume:' "$OUT/study.log" >>"$SUMMARY" || echo "resume: no result (see st
   fi
   echo
   if [ -f "$OUT/hf.json" ]; then $PY benchmarks/bench_hf_training.py --report "$OUT/hf.json" 2>&1; else echo "hf: no results"; fi
+  echo
+  echo "### Study step at real vocabularies (bench_study_step.py $VOCAB_ARGS)"
+  grep -E '^(B=|\|)' "$WORK/vocab.md" 2>/dev/null || echo "vocab: no results"
 } >>"$SUMMARY"
 rm -rf "$SITE" "$WORK"
 cat "$SUMMARY"

@@ -81,9 +81,10 @@ def _cmd_data_clean(args: argparse.Namespace) -> int:
 
 
 def _cmd_study_report(args: argparse.Namespace) -> int:
+    from lnblocks.study.core.executors import make_executor
     from lnblocks.study.core.report import build_report
 
-    return build_report(args.out)
+    return build_report(args.out, open_executor=lambda n: make_executor(min(args.workers, max(n, 1))))
 
 
 def _workers(text: str) -> int:
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_study_run)
     report = study_sub.add_parser("report", parents=[debug], help="rebuild the report of OUT from its records")
     report.add_argument("out", help="a study output folder")
+    report.add_argument(
+        "--workers", type=_workers, default=1, help="worker processes for the init profiles it measures (default 1)"
+    )
     report.set_defaults(func=_cmd_study_report)
 
     data = sub.add_parser("data", parents=[debug], help="the data of a study: tokenize a corpus once")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("tests", "kernels", "models", "study", "hf", "resume")
+SECTIONS = ("tests", "kernels", "models", "study", "hf", "resume", "vocab")
 
 
 @pytest.mark.slow
@@ -42,3 +42,4 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     assert proc.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])
     assert "study record: status=finished" in summary
     assert "| Trainer step | cpu | float32 | fused |" in summary  # the HF stacks table (bench_hf_training.py)
+    assert "| 70,000 | 1 |" in summary  # the study step table (bench_study_step.py)

@@ -4,14 +4,18 @@ holding the ``(N, V)`` logits.
 The forward computes one chunk of logits at a time and keeps per-row scalars (the target's log-probability, log Z)
 and the running max. The gradients come one of two ways:
 
-- no z-loss (the default), and a backward to come: Liger-Kernel's fused linear cross-entropy scheme. Each chunk's
-  gradient to the hidden states and its share of the weight's are computed in the forward, for an upstream
-  gradient of 1, and the backward scales them by the real one. Three GEMMs per chunk, as for the full logits.
-- with a z-loss: Cut Cross-Entropy's (Wijmans et al. 2024, arXiv 2411.09009). The backward recomputes each chunk's
-  logits (a fourth GEMM). The loss and the z-loss are two outputs with their own upstream gradients (the study
-  back-propagates ``loss + z_loss`` and logs ``loss``; accumulation and ``GradScaler`` scale them), which a
-  gradient-in-forward scheme would have to fold into one output decided before the backward; between forward and
-  backward it holds ``N`` floats instead of the gradients.
+- no z-loss (the default), not fp16, and a backward to come: Liger-Kernel's fused linear cross-entropy scheme.
+  Each chunk's gradient to the hidden states and its share of the weight's are computed in the forward, for an
+  upstream gradient of 1, and the backward scales them by the real one. Three GEMMs per chunk, as for the full
+  logits. Not under fp16 autocast: there the logits' gradient for an upstream 1 (``p / N``, ~1e-8 at V = 30k) is
+  under fp16's normal range, which is why fp16 trains with a ``GradScaler``; it must see the scaled upstream
+  gradient before the cast, so fp16 takes the second route (measured at V = 30,522: 7% error in the hidden-state
+  gradient in the forward, 0.03% recomputed, as the full loss).
+- with a z-loss, or under fp16: Cut Cross-Entropy's (Wijmans et al. 2024, arXiv 2411.09009). The backward
+  recomputes each chunk's logits (a fourth GEMM). The loss and the z-loss are two outputs with their own upstream
+  gradients (the study back-propagates ``loss + z_loss`` and logs ``loss``; accumulation and ``GradScaler`` scale
+  them), which a gradient-in-forward scheme would have to fold into one output decided before the backward; between
+  forward and backward it holds ``N`` floats instead of the gradients.
 
 Either way each chunk runs the very ops autograd runs for ``F.cross_entropy(logits.float())`` and the study's
 ``z_loss * logsumexp(logits.float()).pow(2).mean()``, so results can be bit-identical. Logits of at most
@@ -37,7 +41,7 @@ from torch._subclasses.fake_tensor import is_fake
 from lnblocks.config import check_bool, check_float, check_int
 
 SINGLE_CHUNK_ELEMENTS = 1 << 22  # logits up to 16 MiB in fp32 are computed in one chunk (exact, fastest)
-CHUNKS = 64  # otherwise about this many chunks: each chunk's few (rows, V) buffers stay under 1/8 of the logits
+LOGITS_FRACTION = 8  # otherwise a chunk's three fp32 (rows, V) buffers take at most 1/8 of the logits
 MIN_CHUNK_ELEMENTS = 1 << 18  # but 1 MiB of fp32 logits per chunk at least: fewer, larger GEMMs
 MAX_CHUNK_FRACTION = 16  # and at most 1/16 of the rows (with tiny batches at huge vocabularies)
 _LOW = (torch.float16, torch.bfloat16)
@@ -58,27 +62,61 @@ class LMHeadStats(NamedTuple):
     log_z: Tensor | None
 
 
-def default_chunk_rows(n_rows: int, vocab: int) -> int:
-    """Rows per chunk: all of them while the logits fit in ``SINGLE_CHUNK_ELEMENTS``; otherwise ``n_rows /
-    CHUNKS`` or ``MIN_CHUNK_ELEMENTS / vocab`` rows, whichever is more, rounded up to a multiple of 8 (whole
-    SIMD/GEMM tiles, which keeps rows bit-identical), and at most ``n_rows / MAX_CHUNK_FRACTION``."""
+def default_chunk_rows(n_rows: int, vocab: int, buffers: int = 3) -> int:
+    """Rows per chunk: all of them while the logits fit in ``SINGLE_CHUNK_ELEMENTS``; otherwise as many as keep the
+    chunk's ``buffers`` fp32 ``(rows, V)`` buffers within ``1 / LOGITS_FRACTION`` of the logits (three: ``n_rows /
+    24``; the recomputing backward's four, with headroom: five, ``n_rows / 40``), rounded down to a multiple of 8
+    (whole SIMD/GEMM tiles, which keeps rows bit-identical), but at least 8 and at least
+    ``MIN_CHUNK_ELEMENTS / vocab`` (rounded up to a multiple of 8), and at most ``n_rows / MAX_CHUNK_FRACTION``.
+    Few, large chunks: each chunk reads the head weight twice and its gradient once more (lnblocks issue 23: at
+    V = 50,257, 40-row chunks took 12% less CPU time than 16-row ones)."""
     if n_rows * vocab <= SINGLE_CHUNK_ELEMENTS:
         return max(n_rows, 1)
-    rows = max(n_rows // CHUNKS, -(-MIN_CHUNK_ELEMENTS // vocab))
-    return max(1, min(-(-rows // 8) * 8, n_rows // MAX_CHUNK_FRACTION))
+    by_memory = n_rows // (buffers * LOGITS_FRACTION) // 8 * 8
+    by_size = -(-MIN_CHUNK_ELEMENTS // vocab)  # ceil
+    by_size = -(-by_size // 8) * 8
+    return max(1, min(max(8, by_memory, by_size), n_rows // MAX_CHUNK_FRACTION))
 
 
 # ---- the chunked forward and backward (plain torch ops; eager through an autograd.Function, traced as custom ops) --
-def _ce_grad(logp: Tensor, t: Tensor, g_loss: Tensor, total: Tensor, ignore_index: int) -> Tensor:
-    """The gradient of the mean cross-entropy to a chunk's fp32 logits, by the ops autograd runs for it."""
-    gl = torch.ops.aten.nll_loss_backward(g_loss, logp, t, None, 1, ignore_index, total)
-    return torch._log_softmax_backward_data(gl, logp, 1, torch.float32)
+def _grads_in_forward(targets: Tensor | None, z_coef: float, dtype: torch.dtype) -> bool:
+    """Whether the gradients are computed in the forward (for an upstream gradient of 1): with targets, no z-loss,
+    and not fp16 (whose scaled upstream gradient must come before the cast to fp16; see the module docstring)."""
+    return targets is not None and not z_coef and dtype != torch.float16
+
+
+def _ce_grad(
+    logp: Tensor, t: Tensor, g_loss: Tensor, total: Tensor, ignore_index: int, out: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
+    """The gradient of the mean cross-entropy to a chunk's fp32 logits, by the ops autograd runs for it; ``out``:
+    two ``logp``-shaped buffers to write into (the same kernels' out variants: the same bits)."""
+    if out is None:
+        gl = torch.ops.aten.nll_loss_backward(g_loss, logp, t, None, 1, ignore_index, total)
+        return torch._log_softmax_backward_data(gl, logp, 1, torch.float32)
+    gl, g = out  # nll_loss_backward zeroes its grad_input before it scatters
+    torch.ops.aten.nll_loss_backward.grad_input(g_loss, logp, t, None, 1, ignore_index, total, grad_input=gl)
+    return torch._log_softmax_backward_data(gl, logp, 1, torch.float32, out=g)
+
+
+class _ChunkBuffers:
+    """The fp32 ``(rows, V)`` buffers of one call's chunks, allocated once and reused by every chunk: the logits
+    (then the loss's gradient to the log-probabilities), the log-probabilities, the logits' gradient. Per chunk that
+    is no allocation, no page faults and no freshly zeroed memory, and the chunk's data stays at the same addresses
+    (lnblocks issue 23: about 13% of the head's CPU time at V = 30,522; ``benchmarks/bench_study_step.py``)."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device, count: int) -> None:
+        self.bufs = [torch.empty(rows, vocab, device=device) for _ in range(count)]
+
+    def get(self, i: int, n: int) -> Tensor:
+        return self.bufs[i][:n]
 
 
 def _to_inputs(g: Tensor, hc: Tensor, wc: Tensor, s: int, grad_h: Tensor, grad_w: Tensor) -> None:
     """A chunk's logits gradient ``g`` (n, V) into ``grad_h[s:s+n]`` and the fp32 sum ``grad_w`` (empty: skipped)."""
     rows = slice(s, s + g.shape[0])
-    if grad_h.numel():
+    if grad_h.numel() and grad_h.dtype == g.dtype:
+        torch.mm(g, wc, out=grad_h[rows])  # (n, C), in place
+    elif grad_h.numel():
         grad_h[rows] = g.mm(wc)  # (n, C)
     if grad_w.numel() and g.dtype == torch.float32:
         grad_w.addmm_(g.t(), hc[rows])  # (V, C)
@@ -111,7 +149,7 @@ def _forward_impl(
     N, device = hidden.shape[0], hidden.device
     hc, wc = hidden.to(dtype), weight.to(dtype)  # autocast's casts (no-ops outside autocast)
     need_lse = stats or bool(z_coef)
-    in_forward = targets is not None and not z_coef and (need_h or need_w)
+    in_forward = _grads_in_forward(targets, z_coef, dtype) and (need_h or need_w)
     grad_h, grad_w = _grad_buffers(hidden, weight, need_h and in_forward, need_w and in_forward)
     if in_forward:
         one = torch.ones((), dtype=torch.float32, device=device)
@@ -119,19 +157,28 @@ def _forward_impl(
     lse = torch.empty(N if need_lse else 0, dtype=torch.float32, device=device)  # (N,) log Z per row
     picked = torch.empty(N, dtype=torch.float32, device=device)  # (N,) log p(target) per row
     maxes = []
+    # fp32 chunks reuse three buffers (or one/two: what this call needs); low-precision ones allocate (their .float())
+    count = (1 + (targets is not None) + in_forward) if dtype == torch.float32 else 0
+    buf = _ChunkBuffers(min(rows, N), weight.shape[0], device, count) if count else None
     for s in range(0, N, rows):
-        lf = hc[s : s + rows].mm(wc.t()).float()  # (n, V): the chunk's logits, as logits.float()
+        n = min(rows, N - s)
+        h_n = hc[s : s + n]
+        # (n, V): the chunk's logits, as logits.float()
+        lf = h_n.mm(wc.t()).float() if buf is None else torch.mm(h_n, wc.t(), out=buf.get(0, n))
         if stats:
             maxes.append(lf.amax())
         if need_lse:
             lse[s : s + rows] = torch.logsumexp(lf, dim=-1)
         if targets is not None:
             t = targets[s : s + rows]
-            logp = torch.log_softmax(lf, dim=1)  # what F.cross_entropy computes, row by row
+            # what F.cross_entropy computes, row by row (log_softmax's own kernel, into the buffer)
+            logp = torch.log_softmax(lf, dim=1) if buf is None else torch._log_softmax(lf, 1, False, out=buf.get(1, n))
             picked[s : s + rows] = logp.gather(1, t.masked_fill(t == ignore_index, 0).unsqueeze(1)).squeeze(1)
             if in_forward:
-                del lf
-                _to_inputs(_ce_grad(logp, t, one, counted, ignore_index).to(dtype), hc, wc, s, grad_h, grad_w)
+                del lf  # its buffer takes the loss's gradient to logp
+                outs = None if buf is None else (buf.get(0, n), buf.get(2, n))
+                g = _ce_grad(logp, t, one, counted, ignore_index, outs).to(dtype)
+                _to_inputs(g, hc, wc, s, grad_h, grad_w)
     max_logit = torch.stack(maxes).amax() if maxes else torch.full((), float("-inf"), device=device)
     if targets is not None:
         col = 1 if ignore_index == 0 else 0  # the picked values sit in this column of a (N, 2) input
@@ -169,15 +216,22 @@ def _backward_impl(
         return grad_h.zero_(), grad_w.to(weight.dtype)
     if use_z:  # the study's z-loss backward: x coefficient, mean (/ N), pow(2) (x 2 lse)
         gz_rows = ((g_z * z_coef) / N) * (2 * lse)  # (N,)
+    # fp32 chunks reuse four buffers: logits (then the loss's gradient to logp), the z-loss's gradient, logp, the
+    # loss's gradient to the logits
+    buf = _ChunkBuffers(min(rows, N), weight.shape[0], hidden.device, 4) if dtype == torch.float32 else None
     for s in range(0, N, rows):
-        lf = hc[s : s + rows].mm(wc.t()).float()  # (n, V), recomputed
+        n, h_n = min(rows, N - s), hc[s : s + rows]
+        lf = h_n.mm(wc.t()).float() if buf is None else torch.mm(h_n, wc.t(), out=buf.get(0, n))  # (n, V), recomputed
         g = None
         if use_z:  # logsumexp's backward: grad * exp(logits - lse)
-            g = (lf - lse[s : s + rows].unsqueeze(1)).exp_().mul_(gz_rows[s : s + rows].unsqueeze(1)).to(dtype)
+            lse_n = lse[s : s + n].unsqueeze(1)
+            diff = lf - lse_n if buf is None else torch.sub(lf, lse_n, out=buf.get(1, n))
+            g = diff.exp_().mul_(gz_rows[s : s + n].unsqueeze(1)).to(dtype)
         if use_loss:
-            logp = torch.log_softmax(lf, dim=1)
+            logp = torch.log_softmax(lf, dim=1) if buf is None else torch._log_softmax(lf, 1, False, out=buf.get(2, n))
             del lf
-            gc = _ce_grad(logp, targets[s : s + rows], g_loss, total, ignore_index).to(dtype)
+            outs = None if buf is None else (buf.get(0, n), buf.get(3, n))
+            gc = _ce_grad(logp, targets[s : s + n], g_loss, total, ignore_index, outs).to(dtype)
             del logp
             g = gc if g is None else g.add_(gc)  # autograd sums the two paths' grads in the logits' dtype
         _to_inputs(g, hc, wc, s, grad_h, grad_w)
@@ -187,7 +241,7 @@ def _backward_impl(
 def _forward_fake(hidden, weight, targets, ignore_index, z_coef, rows, dtype, stats, need_h, need_w):
     scalar = hidden.new_empty((), dtype=torch.float32)
     lse = hidden.new_empty((hidden.shape[0] if stats or z_coef else 0,), dtype=torch.float32)
-    in_forward = targets is not None and not z_coef
+    in_forward = _grads_in_forward(targets, z_coef, dtype)
     grad_h = hidden.new_empty(hidden.shape if need_h and in_forward else (0,))
     grad_w = weight.new_empty(weight.shape if need_w and in_forward else (0,))
     return scalar, torch.empty_like(scalar), torch.empty_like(scalar), lse, torch.empty_like(scalar), grad_h, grad_w
@@ -225,7 +279,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     _loss, _z, max_logit, lse, total, grad_h, grad_w = output
     ctx.mark_non_differentiable(max_logit, lse, total, grad_h, grad_w)
     ctx.set_materialize_grads(False)
-    ctx.in_forward = targets is not None and not z_coef and (need_h or need_w)
+    ctx.in_forward = _grads_in_forward(targets, z_coef, dtype) and (need_h or need_w)
     if ctx.in_forward:  # the gradients are there: keep them, not the inputs
         ctx.save_for_backward(grad_h, grad_w)
     else:
@@ -366,10 +420,14 @@ def lm_head_loss(
         targets = check_targets(targets, lead, V, ignore_index).reshape(-1)
     h2 = hidden.reshape(-1, C)  # (N, C)
     N = h2.shape[0]
-    rows = default_chunk_rows(N, V) if chunk_rows is None else check_int("chunk_rows", chunk_rows)
+    if chunk_rows is not None:
+        chunk_rows = check_int("chunk_rows", chunk_rows)
     stats = targets is None if stats is None else check_bool("stats", stats)
     _check_plain(weight)
     dtype = _compute_dtype(hidden, weight)
+    grad = torch.is_grad_enabled() and (h2.requires_grad or weight.requires_grad)
+    recompute = grad and not _grads_in_forward(targets, z_loss, dtype)  # the backward's four buffers
+    rows = default_chunk_rows(N, V, 5 if recompute else 3) if chunk_rows is None else chunk_rows
     if rows >= N:  # small logits: the plain autograd path, which is today's computation itself
         loss, z, max_logit, lse = _one_chunk(hidden, weight, targets, ignore_index, z_loss, stats)
     else:

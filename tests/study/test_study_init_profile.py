@@ -50,9 +50,9 @@ def test_study_profiles_cache_and_invalidation(tmp_path: Path, monkeypatch: pyte
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("the cache should have been used")
 
-    monkeypatch.setattr(ip, "measure", boom)
+    monkeypatch.setattr(ip, "measure_seed", boom)
     assert ip.study_profiles(tmp_path, records, settings) == first
-    with pytest.raises(AssertionError, match="cache"):
+    with pytest.raises(RuntimeError, match=r"init-profile job.*the cache should have been used"):
         ip.study_profiles(tmp_path, records, InitProfileConfig(seeds=3, batches=2, first_seed=11))  # new seeds
     monkeypatch.undo()
     (tmp_path / ip.FILE).write_text("{trunc")  # a broken cache is recomputed, not an error
@@ -79,3 +79,32 @@ BAD = [
 def test_bad_settings_name_the_key(options: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         InitProfileConfig.from_dict(options, key="analysis.init_profile")
+
+
+def test_profiles_are_the_same_bits_on_one_or_two_workers() -> None:
+    """Every (arm, depth, seed) is a job for the study's executor; assembled by seed, the profiles and the cache
+    entries are the same whichever process measured what, and equal the in-process loop (``measure``)."""
+    from lnblocks.study.core.executors import LocalProcessExecutor
+
+    runs = {("pre", 1): config(placement="pre", depth=1), ("post", 2): config(placement="post", depth=2)}
+    settings = InitProfileConfig(seeds=3, batches=2, first_seed=7)
+    asked: list[int] = []
+
+    def pool(n: int) -> LocalProcessExecutor:
+        asked.append(n)
+        return LocalProcessExecutor(2)
+
+    one, cache_one = ip.compute_profiles(runs, settings)
+    two, cache_two = ip.compute_profiles(runs, settings, open_executor=pool)
+    assert asked == [6]  # 2 (arm, depth) x 3 seeds
+    assert two == one and cache_two == cache_one
+    assert ip.compute_profiles(runs, settings, cache_two, open_executor=pool)[0] == one and asked == [6]  # cached
+    import torch
+
+    torch.set_flush_denormal(True)  # what the executors train with
+    try:
+        direct = ip.measure(runs[("post", 2)], [7, 8, 9], batches=2)
+    finally:
+        torch.set_flush_denormal(False)
+    post = next(p for p in one if p.arch == "post")
+    assert post.grad == direct["grad"] and post.residual_rms == direct["residual_rms"]

@@ -153,3 +153,19 @@ def test_ctrl_c_cancels_the_runs_in_flight(tmp_path: Path) -> None:
     assert not running_tasks()  # the tasks were cancelled, their processes ended
     runs = tmp_path / "out" / "runs"
     assert not list(runs.glob("*.json")) and not list(runs.glob("*.lock"))
+
+
+def test_init_profiles_as_ray_tasks_equal_the_in_process_ones() -> None:
+    """The report's init-profile jobs (``core.executors.Job.call``) run as Ray tasks with the same bits."""
+    from lnblocks.study import RunConfig
+    from lnblocks.study.core.ray_executor import RayExecutor
+    from lnblocks.study.lm import init_profile as ip
+    from lnblocks.study.lm.config import InitProfileConfig
+
+    base = {"data": {"source": "markov", "vocab_size": 8, "seq_len": 8, "batch_size": 4, "eval_batches": 1},
+            "diagnostics": {"probe_batch_size": 2}}  # fmt: skip
+    runs = {(p, 2): RunConfig.from_dict({**base, "model": {"dim": 16, "n_heads": 2, "depth": 2, "placement": p}})
+            for p in ("pre", "post")}  # fmt: skip
+    settings = InitProfileConfig(seeds=3, batches=2, first_seed=4)
+    here = ip.compute_profiles(runs, settings)
+    assert ip.compute_profiles(runs, settings, open_executor=lambda n: RayExecutor()) == here

@@ -40,7 +40,11 @@ MAX_STARTUP_FAILURES = 3
 class Job:
     """One run to train: the task's name and its run config (picklable), whether to draw a step bar, where its
     curves go while it trains (``tracking``: a ``TrackingConfig`` that is on, with the study's ``out_dir``), and the
-    absolute folder of its checkpoints (``checkpoint_dir``, when the run asks for them: ``run.checkpoint``)."""
+    absolute folder of its checkpoints (``checkpoint_dir``, when the run asks for them: ``run.checkpoint``).
+
+    ``call``: other work of the task for the same workers (the report's init profiles): a module-level function
+    (picklable by reference) called as ``call(run, ctx)`` instead of the task's ``train``; ``run`` then only needs
+    ``run_id`` and ``threads``, and the outcome carries what it returned in ``value``."""
 
     task: str
     run: Any
@@ -48,6 +52,7 @@ class Job:
     tracking: Any = None
     out_dir: str | None = None
     checkpoint_dir: str | None = None
+    call: Callable[[Any, RunContext], Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -56,12 +61,14 @@ class Job:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What came back for a job: its record, or an error message (``lost``: the process training it died;
-    ``fatal``: its checkpoints could not be written, a one-line message: no further run should start)."""
+    """What came back for a job: its record (``value``: a ``Job.call``'s result), or an error message (``lost``: the
+    process training it died; ``fatal``: its checkpoints could not be written, a one-line message: no further run
+    should start)."""
 
     record: RunRecord | None = None
     error: str | None = None
     lost: bool = False
+    value: Any = None
     fatal: bool = False
 
 
@@ -73,10 +80,12 @@ class Executor(Protocol):
         the calling process as each one ends."""
 
 
-def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> RunRecord:
-    """Train ``job`` in this process with its task's ``train``, its pinned thread count and flush-to-zero; the
-    process's thread count and denormal mode are restored afterwards."""
+def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> Any:
+    """Train ``job`` in this process with its task's ``train`` (or run its ``call``), its pinned thread count and
+    flush-to-zero; the process's thread count and denormal mode are restored afterwards."""
     import torch
+
+    from lnblocks.study.core.allocator import tune_allocator
 
     dist = dist or DistContext()
     checkpoints = None
@@ -86,10 +95,12 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> R
         checkpoints = Checkpoints(job.checkpoint_dir, job.run.checkpoint, job.run.digest, dist)
     ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist, checkpoints)
     threads = torch.get_num_threads()
+    tune_allocator()  # glibc keeps the step's big buffers instead of re-faulting them (docs/cluster.md)
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
     try:
         torch.set_num_threads(job.run.threads)
-        return get_task(job.task).train(job.run, ctx)
+        fn = job.call if job.call is not None else get_task(job.task).train
+        return fn(job.run, ctx)
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)  # torch's default: leave the process as it was
@@ -100,11 +111,12 @@ def execute(job: Job, position: int = 0) -> Outcome:
     from lnblocks.study.core.checkpoint import CheckpointError
 
     try:
-        return Outcome(record=train_job(job, position))
+        out = train_job(job, position)
     except CheckpointError as err:  # a full disk or a folder that went away: one line, and stop the sweep
         return Outcome(error=str(err), fatal=True)
     except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
         return Outcome(error=traceback.format_exc())
+    return Outcome(record=out) if job.call is None else Outcome(value=out)
 
 
 class SerialExecutor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,17 @@ def load_records(out_dir: str | Path) -> tuple[list[RunRecord], dict[str, Any], 
 
 
 def build_report(
-    out_dir: str | Path, *, plots: bool = True, echo: bool = True, show_progress: bool | None = None
+    out_dir: str | Path,
+    *,
+    plots: bool = True,
+    echo: bool = True,
+    show_progress: bool | None = None,
+    open_executor: Callable[[int], Any] | None = None,
 ) -> int:
     """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record.
     ``show_progress``: draw progress bars of the report's own work (default: when stderr is a terminal, as the
-    runner's bars)."""
+    runner's bars). ``open_executor(n)``: an executor for ``n`` jobs of the report's own (the lm task's init
+    profiles), e.g. the study's; None: the task computes them in this process."""
     out = Path(out_dir)
     records, manifest, problems = load_records(out)
     for line in problems:
@@ -88,4 +95,6 @@ def build_report(
     if tasks != [task]:
         raise RecordError(str(out / "runs"), "task", f"records of several tasks {tasks} in one study folder")
     show = sys.stderr.isatty() if show_progress is None else show_progress
-    return get_task(task).report(out, records, manifest, problems, plots=plots, echo=echo, show_progress=show)
+    return get_task(task).report(
+        out, records, manifest, problems, plots=plots, echo=echo, show_progress=show, open_executor=open_executor
+    )

@@ -122,7 +122,11 @@ def run_study(
         if not ddp.is_driver:  # ranks > 0 train what rank 0's loop hands out
             ddp.serve()
             return 0
-        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", ddp.dist.world_size)
+        # the report's own jobs run on rank 0 alone: the other ranks stop serving when the runs are done
+        return _run(
+            study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", ddp.dist.world_size,
+            report_pool=False,
+        )  # fmt: skip
     finally:
         ddp.close()
 
@@ -137,16 +141,18 @@ def _run(
     how: str = "",
     world_size: int = 1,
     here: bool = True,
+    report_pool: bool = True,
 ) -> int:
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
     ``open_pool(n)``: the executor for ``n`` runs to train; ``here``: whether they train on this machine. Runs with
     ``checkpoint`` resume from their newest valid checkpoint (``core.checkpoint``): their folders are checked before
-    any run trains (for ``world_size`` processes per run) and removed once the record is written."""
+    any run trains (for ``world_size`` processes per run) and removed once the record is written. ``report_pool``:
+    the report's own jobs (init profiles) go to ``open_pool`` too."""
     runs = study.runs()
     if task.resolve_runs is not None:  # what each run trains on is part of its id (a corpus's digest)
         runs = task.resolve_runs(runs, show)
     with claim_out_dir(study, out, runs) as runs_dir:  # one study per folder, held until its report is written
-        return _sweep(study, task, out, runs_dir, show, report, open_pool, how, here, runs, world_size)
+        return _sweep(study, task, out, runs_dir, show, report, open_pool, how, here, runs, world_size, report_pool)
 
 
 def _sweep(
@@ -161,6 +167,7 @@ def _sweep(
     here: bool,
     runs: list[Any],
     world_size: int,
+    report_pool: bool,
 ) -> int:
     todo, done, problems = pending_runs(study, runs_dir, runs)
     if todo and here and task.check_runs is not None:  # a device this machine lacks: refused before any run
@@ -250,7 +257,7 @@ def _sweep(
     if report:
         from lnblocks.study.core.report import build_report
 
-        code = build_report(out, show_progress=show) or code
+        code = build_report(out, show_progress=show, open_executor=open_pool if report_pool else None) or code
     return code
 
 

@@ -63,7 +63,9 @@ class Task:
     - ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study mapping;
     - ``train(run, ctx)``: one run's ``RunRecord`` (the one place a run of this task trains);
     - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=,
-      show_progress=)``: write the report files from records alone and return an exit code;
+      show_progress=, open_executor=)``: write the report files from records alone and return an exit code
+      (``open_executor(n)``: the study's executor for ``n`` jobs of the report's own, ``core.executors.Job.call``;
+      None: in this process);
     - ``result_type``: the dataclass of ``RunRecord.result`` (with ``CONFIG``/``TIME``/``SPEC``: keys to check);
     - ``path_keys``: dotted option keys whose values are file paths (relative ones resolve against the study file's
       folder), each with the values that are not paths;

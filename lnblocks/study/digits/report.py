@@ -146,10 +146,11 @@ def build_digits_report(
     plots: bool,
     echo: bool,
     show_progress: bool = False,
+    open_executor: Any = None,
 ) -> int:
     """Write the report files of a ``cnn_digits`` study into ``out`` from its records (the training settings are
     every run's; the ``manifest`` is not needed); print the table and the claims. Nothing here is long enough for
-    a progress bar (``show_progress`` is the task interface's)."""
+    a progress bar or an executor (``show_progress`` and ``open_executor`` are the task interface's)."""
     first = records[0].config
     cfg = DigitsSettings.from_dict({k: first[k] for k in DigitsSettings.field_names() if k in first})
     seeds = sorted({int(r.config["seed"]) for r in records})

@@ -125,14 +125,14 @@ def probe(model: nn.Module, x: Tensor, attention: bool = True, autocast: Callabl
     ctx = eager_attention(model) if attention else contextlib.nullcontext()
     try:
         with ctx, autocast() if autocast else contextlib.nullcontext():
-            logits, _, hidden = model(x, return_hidden=True)  # (B, T, V), None, L+1 x (B, T, C)
+            # the LM head in chunks: max logit and per-position log Z, no (B, T, V) logits
+            head, _, hidden = model(x, return_hidden=True, return_logits=False)  # LMHeadStats, None, L+1 x (B, T, C)
             stats = model.attention_stats() if attention else None
     finally:
         model.train(was_training)
     h = torch.stack([t.float() for t in hidden])  # (L+1, B, T, C)
-    lf = logits.float()
     rows = [h.pow(2).mean(dim=(1, 2, 3)).sqrt(), h.abs().amax(dim=(1, 2, 3))]
-    scalars = torch.stack([lf.amax(), torch.logsumexp(lf, dim=-1).mean()])
+    scalars = torch.stack([head.max_logit, head.log_z.mean()])
     out: dict[str, Any] = {}
     if stats is not None:
         rows += [torch.stack([s.max_logit.amax() for s in stats]), torch.stack([s.entropy.mean() for s in stats])]
@@ -153,7 +153,7 @@ def expected_grad(model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> dic
     per_batch: dict[str, list[float]] = {}
     for x, y in batches:
         model.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
+        _, loss = model(x, y, return_logits=False)  # the LM head and loss in chunks
         loss.backward()
         groups = weight_groups(model, grad=True)
         norms = _group_norms(groups)
@@ -200,7 +200,7 @@ def evaluate(model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: C
     model.eval()
     try:
         with autocast():
-            total = sum(float(model(x, y)[1]) for x, y in batches)
+            total = sum(float(model(x, y, return_logits=False)[1]) for x, y in batches)  # chunked head
     finally:
         model.train(was_training)
     return total / len(batches)

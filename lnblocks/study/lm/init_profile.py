@@ -7,6 +7,11 @@ residual-stream RMS after each block (Lemma 2). A seed draws its init, probe bat
 ``train_run`` does with that ``train.seed``, so seed s here equals the ``init_grad`` of a run with seed s (and as
 many batches). The report computes the profiles of every (arm, depth) of a study once and caches them in
 ``OUT/init_profile.json``, keyed by the model/data config and the settings, so a rebuilt report reuses them.
+
+Each (arm, depth, seed) is one job for the study's executor (``lnblocks study run --workers N``, Ray; a
+``core.executors.Job`` with ``call=measure_job``), trained like a run (``train_job``: pinned ``train.threads``,
+flush-to-zero), so a profile has the same bits on any executor and any number of workers; without an executor
+(``lnblocks study report``, torchrun's driver) the jobs run one after another in this process the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,8 +119,9 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def measure(run: RunConfig, seeds: list[int], batches: int, progress: Any = None) -> dict[str, Any]:
-    """Expected-gradient norms by group and layer and the init residual RMS of ``run``'s model, for each seed."""
+def measure_seed(run: RunConfig, seed: int, batches: int) -> tuple[dict[str, list[float]], list[float]]:
+    """Seed ``seed``'s expected-gradient norms by group and layer (over ``batches`` batches) and init residual RMS
+    of ``run``'s model, drawn as ``train_run`` draws them with ``train.seed = seed``."""
     import torch
 
     from lnblocks.models import GPT
@@ -124,21 +130,96 @@ def measure(run: RunConfig, seeds: list[int], batches: int, progress: Any = None
     from lnblocks.study.lm.train import PROBE_SEED_OFFSET
 
     source = build_source(run.data)
+    torch.manual_seed(seed)  # as train_run: the init, then the probe stream
+    model = GPT(run.model.gpt_config(source.vocab_size, run.data.seq_len))
+    probe_gen = torch.Generator().manual_seed(seed + PROBE_SEED_OFFSET)
+    probe_x = source.batch(run.diagnostics.probe_batch_size, probe_gen)[0]
+    data = [source.batch(run.data.batch_size, probe_gen) for _ in range(batches)]
+    grad = diag.expected_grad(model, data)["expected"]
+    return grad, diag.probe(model, probe_x, attention=False)["residual_rms"]
+
+
+def measure(run: RunConfig, seeds: list[int], batches: int, progress: Any = None) -> dict[str, Any]:
+    """Expected-gradient norms by group and layer and the init residual RMS of ``run``'s model, for each seed, in
+    this process (with ``run``'s thread count)."""
     grad: dict[str, list[list[float]]] = {}
     residual = []
     with _threads(run.train.threads):
         for seed in seeds:
-            torch.manual_seed(seed)  # as train_run: the init, then the probe stream
-            model = GPT(run.model.gpt_config(source.vocab_size, run.data.seq_len))
-            probe_gen = torch.Generator().manual_seed(seed + PROBE_SEED_OFFSET)
-            probe_x = source.batch(run.diagnostics.probe_batch_size, probe_gen)[0]
-            data = [source.batch(run.data.batch_size, probe_gen) for _ in range(batches)]
-            for k, v in diag.expected_grad(model, data)["expected"].items():
+            g, r = measure_seed(run, seed, batches)
+            for k, v in g.items():
                 grad.setdefault(k, []).append(v)
-            residual.append(diag.probe(model, probe_x, attention=False)["residual_rms"])
+            residual.append(r)
             if progress is not None:
                 progress.update(1)
     return {"grad": grad, "residual_rms": residual}
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """One seed of one (arm, depth)'s profile, as the ``run`` of a ``core.executors.Job`` (picklable)."""
+
+    run: RunConfig
+    seed: int
+    batches: int
+
+    @property
+    def run_id(self) -> str:  # what executors name a job by (Ray's task name)
+        return f"init_profile:{self.run.run_id}:seed{self.seed}"
+
+    @property
+    def threads(self) -> int:  # pinned by the executor, as a run's
+        return self.run.train.threads
+
+
+def measure_job(job: ProfileJob, ctx: Any = None) -> Any:
+    """``Job.call`` of a ``ProfileJob``: ``measure_seed`` in the worker that got it. A profile that cannot be
+    measured (its data gone, a config the model refuses) comes back as ``{"error": line}``, which leaves that arm
+    out with a warning; any other exception is a bug and fails the report."""
+    try:
+        return measure_seed(job.run, job.seed, job.batches)
+    except (ValueError, TypeError, OSError) as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+def _measure_all(
+    todo: dict[str, RunConfig], seeds: list[int], batches: int, executor: Any, progress: Any
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """``measure`` of every run in ``todo`` (by cache key) over ``seeds``, one job per (run, seed) on ``executor``
+    (None: a ``SerialExecutor``); results assembled by key and seed, so the order jobs finish in does not matter.
+    Returns the measurements and, for a key whose profile cannot be measured (its data gone ...), why; a job that
+    failed otherwise (a bug) raises ``RuntimeError``."""
+    from lnblocks.study.core.executors import Job, Outcome, SerialExecutor
+
+    jobs = [Job("lm", ProfileJob(run, seed, batches), call=measure_job) for run in todo.values() for seed in seeds]
+    got: dict[tuple[str, int], Any] = {}
+    errors: dict[str, str] = {}
+    bugs: list[str] = []
+
+    def done(job: Job, outcome: Outcome) -> None:
+        if outcome.error is not None:
+            bugs.append(f"{job.run_id}: {(outcome.error.strip().splitlines() or ['failed'])[-1]}")
+        elif isinstance(outcome.value, dict):
+            errors.setdefault(job.run.run.run_id, outcome.value["error"])
+        else:
+            got[(job.run.run.run_id, job.run.seed)] = outcome.value
+        if progress is not None:
+            progress.update(1)
+
+    (executor or SerialExecutor()).map(iter(jobs), done)
+    if bugs:
+        raise RuntimeError(f"{len(bugs)} init-profile job(s) failed; first: {bugs[0]}")
+    out, failed = {}, {}
+    for key, run in todo.items():
+        if run.run_id in errors:
+            failed[key] = errors[run.run_id]
+            continue
+        grad: dict[str, list[list[float]]] = {}
+        for seed in seeds:
+            for k, v in got[(run.run_id, seed)][0].items():
+                grad.setdefault(k, []).append(v)
+        out[key] = {"grad": grad, "residual_rms": [got[(run.run_id, seed)][1] for seed in seeds]}
+    return out, failed
 
 
 def _key(run: RunConfig, settings: InitProfileConfig) -> str:
@@ -248,42 +329,51 @@ def compute_profiles(
     show_progress: bool = False,
     warn: Any = None,
     source: str = FILE,
+    open_executor: Callable[[int], Any] | None = None,
 ) -> tuple[list[InitProfile], dict[str, Any]]:
     """The profile of every (arm, depth) in ``runs`` over ``settings.seeds`` seeds; entries of ``cache`` (a
     previous ``init_profile.json``) with the same key are reused, damaged ones measured again. An arm whose profile
     cannot be measured (its data gone, a non-finite gradient at init) is left out, said through ``warn(line)``.
-    Returns the profiles and the new cache."""
+    ``open_executor(n)``: the executor for ``n`` jobs (the study's; None: one after another here). Returns the
+    profiles and the new cache."""
     warn = warn or _warn
     seeds = list(range(settings.first_seed, settings.first_seed + settings.seeds))
     old, damaged = cached_entries(cache, source)
     for line in damaged:
         warn(line)
-    todo = {k: r for k, r in runs.items() if _key(r, settings) not in old}
-    bar: Any = contextlib.nullcontext(None)
-    if show_progress and todo:
-        from lnblocks._optional import require
+    todo = {_key(r, settings): r for r in runs.values() if _key(r, settings) not in old}
+    measured: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    if todo:
+        bar: Any = contextlib.nullcontext(None)
+        if show_progress:
+            from lnblocks._optional import require
 
-        total = len(seeds) * len(todo)
-        bar = require("tqdm").tqdm(total=total, desc="init gradient profiles", leave=False, dynamic_ncols=True)
+            total = len(seeds) * len(todo)
+            bar = require("tqdm").tqdm(total=total, desc="init gradient profiles", leave=False, dynamic_ncols=True)
+        executor = open_executor(len(seeds) * len(todo)) if open_executor is not None else None
+        with bar as progress:
+            measured, failed = _measure_all(todo, seeds, settings.batches, executor, progress)
     entries, profiles = [], []
-    with bar as progress:
-        for (arch, depth), run in sorted(runs.items()):
-            key = _key(run, settings)
-            if key in old:
-                entry = {**old[key], "arch": arch, "depth": depth}
-            else:
-                try:
-                    m = measure(run, seeds, settings.batches, progress)
-                    entry = {
-                        "key": key,
-                        **InitProfile(arch, depth, seeds, m["grad"], m["residual_rms"], settings.batches).to_dict(),
-                    }
-                    InitProfile.from_dict(entry)  # finite, and of the shape the claims read
-                except (ValueError, TypeError, OSError) as err:
-                    warn(f"no init profile of {arch} at depth {depth}: {' '.join(str(err).split())[:200]}")
-                    continue
-            entries.append(entry)
-            profiles.append(InitProfile.from_dict(entry))
+    for (arch, depth), run in sorted(runs.items()):
+        key = _key(run, settings)
+        if key in old:
+            entry = {**old[key], "arch": arch, "depth": depth}
+        else:
+            try:
+                if key in failed:
+                    raise ValueError(failed[key])
+                m = measured[key]
+                entry = {
+                    "key": key,
+                    **InitProfile(arch, depth, seeds, m["grad"], m["residual_rms"], settings.batches).to_dict(),
+                }
+                InitProfile.from_dict(entry)  # finite, and of the shape the claims read
+            except (ValueError, TypeError) as err:
+                warn(f"no init profile of {arch} at depth {depth}: {' '.join(str(err).split())[:200]}")
+                continue
+        entries.append(entry)
+        profiles.append(InitProfile.from_dict(entry))
     return profiles, {"format": FORMAT, "entries": entries}
 
 
@@ -292,11 +382,15 @@ def _warn(line: str) -> None:
 
 
 def study_profiles(
-    out: Path | None, records: list[RunRecord], settings: InitProfileConfig, show_progress: bool = False
+    out: Path | None,
+    records: list[RunRecord],
+    settings: InitProfileConfig,
+    show_progress: bool = False,
+    open_executor: Callable[[int], Any] | None = None,
 ) -> list[InitProfile]:
     """The init profiles the findings use: measured over ``settings.seeds`` fresh inits (cached in
-    ``out/init_profile.json`` when ``out`` is given; a damaged cache is named on stderr and measured again), or the
-    runs' own when ``settings.seeds`` is 0."""
+    ``out/init_profile.json`` when ``out`` is given; a damaged cache is named on stderr and measured again; on
+    ``open_executor(n)``'s executor), or the runs' own when ``settings.seeds`` is 0."""
     if settings.seeds == 0:
         return profiles_from_runs(records)
     cache = None
@@ -307,7 +401,7 @@ def study_profiles(
         except RecordError as err:
             print(f"warning: {err}; every profile is measured again", file=sys.stderr)
     runs = targets(records, _warn)
-    profiles, new = compute_profiles(runs, settings, cache, show_progress, _warn, str(path or FILE))
+    profiles, new = compute_profiles(runs, settings, cache, show_progress, _warn, str(path or FILE), open_executor)
     if path is not None and new != cache:
         write_json_atomic(path, new)
     return profiles

@@ -12,6 +12,7 @@ import io
 import math
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -308,9 +309,11 @@ def build_lm_report(
     plots: bool = True,
     echo: bool = True,
     show_progress: bool | None = None,
+    open_executor: Callable[[int], Any] | None = None,
 ) -> int:
     """Write ``summary.csv``, ``plots/``, ``report.md`` and ``findings.json`` of an ``lm`` study into ``out`` and
-    print the summary. ``show_progress``: draw the init-profile bar (default: when stderr is a terminal)."""
+    print the summary. ``show_progress``: draw the init-profile bar (default: when stderr is a terminal).
+    ``open_executor(n)``: the study's executor for the ``n`` init-profile jobs (None: here)."""
     analysis = AnalysisConfig.from_dict(manifest.get("analysis"), key="analysis")
     rows = [run_row(r, analysis) for r in records]
     write_summary_csv(rows, out / "summary.csv")
@@ -323,7 +326,9 @@ def build_lm_report(
     failures: list[str] = []
     profiles = _guarded(
         "the init gradient profiles", failures,
-        lambda: study_profiles(out, records, analysis.init_profile, show_progress=show), [],
+        lambda: study_profiles(
+            out, records, analysis.init_profile, show_progress=show, open_executor=open_executor
+        ), [],
     )  # fmt: skip
     findings = _guarded("the claims", failures, lambda: study_claims(rows, profiles), [])
     made = []

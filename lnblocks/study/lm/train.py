@@ -149,20 +149,35 @@ class Precision:
 
 
 def forward_backward(
-    model: nn.Module, x: Tensor, y: Tensor, accum: int, precision: Precision, z_loss: float = 0.0
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    accum: int,
+    precision: Precision,
+    z_loss: float = 0.0,
+    full_logits: bool = False,
 ) -> Tensor:
     """Forward and backward passes of one optimizer step's batch ``x``, ``y`` ``(B, T)`` as ``accum`` micro-batches
     (gradients accumulate; DDP all-reduces on the last one only); returns the batch's mean cross-entropy, detached,
-    in fp32 (``z_loss`` > 0 adds ``z_loss_term`` to what is back-propagated, not to what is returned). With
-    ``accum == 1`` and no z-loss this is the plain ``loss.backward()``."""
+    in fp32 (``z_loss`` > 0 adds the z-loss, ``z_loss * mean(logsumexp(logits)^2)``, to what is back-propagated,
+    not to what is returned). With ``accum == 1`` and no z-loss this is the plain ``loss.backward()``.
+
+    The LM head, the loss and the z-loss come in chunks of rows (``GPT.forward(..., return_logits=False)``,
+    ``lnblocks.models.loss``): no ``(B, T, V)`` logits. ``full_logits=True``: the route before it (the logits, then
+    ``z_loss_term``), kept for the benchmarks and tests that compare the two."""
     total: Tensor | None = None
     micro = list(zip(x.chunk(accum), y.chunk(accum)))  # accum x ((B / accum, T), (B / accum, T))
     for i, (xi, yi) in enumerate(micro):
         last = i == accum - 1
         with contextlib.nullcontext() if last else no_grad_sync(model):
             with precision.autocast():
-                logits, loss = model(xi, yi)
-            objective = loss + z_loss_term(logits, z_loss) if z_loss else loss
+                if full_logits:
+                    logits, loss = model(xi, yi)  # (B, T, V), ()
+                else:
+                    stats, loss = model(xi, yi, return_logits=False, z_loss=z_loss)
+            objective = loss
+            if z_loss:
+                objective = loss + (z_loss_term(logits, z_loss) if full_logits else stats.z_loss)
             precision.backward(objective if accum == 1 else objective / accum)
         value = loss.detach().float()
         total = value if total is None else total + value
