@@ -11,6 +11,7 @@ that declares ``ddp=True`` runs here; its ``train`` reads the rank from ``RunCon
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -94,5 +95,9 @@ class TorchrunExecutor:
             if self.is_driver and not self._ended:  # the driver stopped before handing out jobs (a refused input)
                 self._next(None)
                 self._ended = True
+            # free what still references the runs' sub-groups (a sharded run's mesh, model, optimizer: reference
+            # cycles) while the interpreter is alive: gloo work objects destroyed during interpreter teardown can
+            # abort the process (pytorch PR 179291 describes it)
+            gc.collect()
             td.barrier()  # the driver may still be writing its report
             td.destroy_process_group()
