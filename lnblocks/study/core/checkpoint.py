@@ -10,15 +10,21 @@ defaults to ``OUT/checkpoints``), one folder per step::
                      model.pt        one process: {"model", "optim"} as torch.distributed.checkpoint.state_dict's
                                      get_state_dict gives them (fully qualified names), in one torch.save file
                      model/          under torchrun: the same state through torch.distributed.checkpoint (DCP),
-                                     each rank writing its part (reshardable across world sizes)
+                                     each rank writing its part (DDP replicas, or FSDP2/TP shards)
                      state-<rank>.pt the task's state and the process's RNGs (torch CPU and CUDA, numpy, Python)
+
+Either form resumes under any world size and layout (resharding; issue 21): DCP reads its shards into whatever
+sharded or plain state dict the new run's model and optimizer give, and a ``model.pt`` is loaded as a full state dict
+and sharded by ``set_state_dict``. A run resumed under another world size reads rank 0's ``state-0.pt`` on every rank
+(the task's state is the same on every rank; the RNG streams are rank 0's), and continues the uninterrupted run up to
+float reduction order rather than bit for bit (one line on stderr says so).
 
 A checkpoint is written into ``.step-<n>.tmp-<pid>/``, every file fsynced, the manifest written last, the folder
 fsynced and renamed into place, then the run's folder fsynced: a reader sees a complete checkpoint or none. A
 checkpoint whose manifest is unreadable or whose files do not match it (truncated, corrupted) is named on stderr
-and the previous one is used; one written for another config, by an incompatible lnblocks or for another world size
-is refused (``CheckpointError``, before any run trains: ``check_folder``). A write that fails part-way (a full
-disk) removes its temporary folder and leaves the previous checkpoints as they were.
+and the previous one is used; one written for another config or by an incompatible lnblocks is refused
+(``CheckpointError``, before any run trains: ``check_folder``). A write that fails part-way (a full disk) removes its
+temporary folder and leaves the previous checkpoints as they were.
 
 ``LNBLOCKS_CHECKPOINT_FAULT=<fault>@<n>`` makes this process fail on purpose, for the tests of the resume
 guarantee: ``kill-at-step@k`` (SIGKILL once k steps are done), ``kill-mid-write@n`` (SIGKILL after the model file of
@@ -39,6 +45,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,7 +132,7 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return obj, None
 
 
-def _incompatible(path: Path, manifest: dict[str, Any], identity: str, world_size: int) -> str | None:
+def _incompatible(path: Path, manifest: dict[str, Any], identity: str) -> str | None:
     """Why the checkpoint at ``path`` belongs to another run or another lnblocks (None if it is this run's)."""
     if manifest["format"] != FORMAT:
         return (
@@ -137,17 +144,13 @@ def _incompatible(path: Path, manifest: dict[str, Any], identity: str, world_siz
             f"checkpoint {path} was written for another run config (digest {str(manifest.get('identity'))[:12]}, "
             f"this run's is {identity[:12]}): remove {path.parent} or point train.checkpoint.dir elsewhere"
         )
-    if manifest.get("world_size") != world_size:
-        return (
-            f"checkpoint {path} was written by {manifest.get('world_size')} process(es), this run has {world_size}: "
-            "resume with the same torchrun world size, or remove the folder to start the run over"
-        )
     return None
 
 
 def check_folder(folder: Path, identity: str, world_size: int = 1) -> None:
     """Before any run trains (the driver): create ``folder`` and check it is writable and that no checkpoint in it
-    belongs to another run config, lnblocks format or world size; ``CheckpointError`` otherwise."""
+    belongs to another run config or lnblocks format; ``CheckpointError`` otherwise (``world_size``: the processes
+    of each run; a checkpoint of any world size resumes, resharded)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".probe-{os.getpid()}"
@@ -160,7 +163,7 @@ def check_folder(folder: Path, identity: str, world_size: int = 1) -> None:
         ) from None
     for _, path in _step_dirs(folder):
         manifest, _ = _read_manifest(path)
-        why = None if manifest is None else _incompatible(path, manifest, identity, world_size)
+        why = None if manifest is None else _incompatible(path, manifest, identity)
         if why is not None:
             raise CheckpointError(f"train.checkpoint: {why}")
 
@@ -275,7 +278,7 @@ class Checkpoints:
         manifest, why = _read_manifest(path)
         if manifest is None:
             return why
-        bad = _incompatible(path, manifest, self.identity, self.dist.world_size)
+        bad = _incompatible(path, manifest, self.identity)
         if bad is not None:
             raise CheckpointError(f"train.checkpoint: {bad}")
         files = manifest.get("files")
@@ -297,23 +300,34 @@ class Checkpoints:
         """Restore ``model`` and ``optimizer`` (in place) and the process's RNGs from the checkpoint of ``step``;
         return the task's state."""
         import torch
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
         path = self.folder / f"step-{step:09d}"
         manifest, _ = _read_manifest(path)
         assert manifest is not None
-        msd, osd = get_state_dict(model, optimizer)  # fresh: shapes and names to load into
-        if self.dist.enabled:
+        options = None
+        if manifest.get("writer") == "dcp":  # into this run's (sharded or plain) state dict: DCP reshards
             import torch.distributed.checkpoint as dcp
 
+            msd, osd = get_state_dict(model, optimizer)  # fresh: names, shapes and shards to load into
             payload = {"model": msd, "optim": osd}
-            dcp.load(payload, checkpoint_id=str(path / "model"))
-            msd, osd = payload["model"], payload["optim"]
-        else:
+            with warnings.catch_warnings():  # one process without a process group: what DCP assumes, and so do we
+                warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+                dcp.load(payload, checkpoint_id=str(path / "model"))
+        else:  # one process's full state dict, sharded by set_state_dict when this run is
             payload = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-            msd, osd = payload["model"], payload["optim"]
-        set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
-        saved = torch.load(path / f"state-{self.dist.rank}.pt", map_location="cpu", weights_only=True)
+            options = StateDictOptions(full_state_dict=True) if self.dist.enabled else None
+        set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"],
+                       options=options)  # fmt: skip
+        same = manifest.get("world_size") == self.dist.world_size
+        if not same and self.dist.is_main:
+            print(
+                f"note: checkpoint {path} was written by {manifest.get('world_size')} process(es), this run has "
+                f"{self.dist.world_size}: resharded; it continues up to float reduction order, not bit for bit",
+                file=sys.stderr,
+            )
+        rank = self.dist.rank if same else 0
+        saved = torch.load(path / f"state-{rank}.pt", map_location="cpu", weights_only=True)
         set_rng_state(saved["rng"])
         self.resumed_from = [*manifest.get("resumed_from", []), step]
         if manifest.get("torch") != torch.__version__ and self.dist.is_main:

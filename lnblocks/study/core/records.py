@@ -12,7 +12,8 @@ JSON layout (schema ``lnblocks.study.run/2``)::
      "labels": {grid axis: value label}, "config": {the resolved run config}, "result": {task's measurements},
      "time": {"wall_s", "cpu_s", ...}, "env": {"torch", "device", "threads", "host", "pid", ...}}
 
-``env.resumed_from`` (when present): the steps of the checkpoints the run was resumed from.
+``env.resumed_from`` (when present): the steps of the checkpoints the run was resumed from; ``env.parallel`` (lm,
+when present): the ``train.parallel`` layout it was sharded with (an execution key, not in ``config``).
 
 Non-finite numbers are stored as ``null`` (JSON has no NaN). Every record passes through its task's
 ``upgrade_record`` (if any) before it is checked, so a task reads what older versions of it wrote; records of

@@ -1,5 +1,6 @@
 """The torchrun executor: a study launched by ``torchrun`` (``WORLD_SIZE`` > 1) trains every run with
-DistributedDataParallel over all the ranks (gloo on CPU, nccl on GPU).
+DistributedDataParallel over all the ranks (gloo on CPU, nccl on GPU), or sharded as the run's ``parallel`` says
+(the lm task's ``train.parallel``: FSDP2 and tensor parallelism).
 
 Rank 0 is the driver: it runs the study's one run loop (``core.runner``) and hands each job to every rank with
 ``broadcast_object_list``, trains its own share, and writes the record; the other ranks only ``serve``: train each
@@ -10,6 +11,7 @@ that declares ``ddp=True`` runs here; its ``train`` reads the rank from ``RunCon
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,6 +50,7 @@ class TorchrunExecutor:
         if use_cuda:
             torch.cuda.set_device(self.dist.local_rank)
         self.backend = td.get_backend()
+        self.run = run
         self._ended = False  # the driver has told the other ranks that no job follows
 
     @property
@@ -55,6 +58,8 @@ class TorchrunExecutor:
         return self.dist.is_main
 
     def describe(self) -> str:
+        if getattr(self.run, "parallel", None) is not None:
+            return f"train.parallel {self.run.parallel.to_dict()} over {self.dist.world_size} ranks ({self.backend})"
         return f"DDP over {self.dist.world_size} ranks ({self.backend})"
 
     def _next(self, job: Job | None) -> Job | None:
@@ -69,7 +74,12 @@ class TorchrunExecutor:
         """The driver's side: hand every job to all ranks, train it here too, report its record."""
         for job in jobs:
             self._next(job)
-            on_result(job, Outcome(record=train_job(job, dist=self.dist)))
+            try:
+                record = train_job(job, dist=self.dist)
+            except BaseException:  # every rank raised it (a check all ranks make): none waits for another job
+                self._ended = True
+                raise
+            on_result(job, Outcome(record=record))
         self._next(None)
         self._ended = True
 
@@ -85,5 +95,9 @@ class TorchrunExecutor:
             if self.is_driver and not self._ended:  # the driver stopped before handing out jobs (a refused input)
                 self._next(None)
                 self._ended = True
+            # free what still references the runs' sub-groups (a sharded run's mesh, model, optimizer: reference
+            # cycles) while the interpreter is alive: gloo work objects destroyed during interpreter teardown can
+            # abort the process (pytorch PR 179291 describes it)
+            gc.collect()
             td.barrier()  # the driver may still be writing its report
             td.destroy_process_group()

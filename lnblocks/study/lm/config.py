@@ -18,6 +18,7 @@ from lnblocks.study.core.checkpoint import CheckpointConfig
 from lnblocks.study.core.run_config import LabelledRun, check_seed, drop_added
 from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, CorpusConfig
 from lnblocks.study.lm.model_config import ModelConfig
+from lnblocks.study.lm.sharding import ShardingConfig
 
 BUILTIN_SOURCES = ("shakespeare", "markov")
 DATA_SOURCES = (*BUILTIN_SOURCES, *CORPUS_SOURCES)
@@ -210,6 +211,11 @@ class TrainConfig(Config):
     (``torch.use_deterministic_algorithms``, cuDNN deterministic without autotuning, ``CUBLAS_WORKSPACE_CONFIG``,
     flash-attn's deterministic backward), which a run on CUDA needs to repeat itself bit for bit, and so to resume bit
     for bit; no effect on CPU, where runs are deterministic already.
+
+    ``parallel``: under ``torchrun``, shard the model with FSDP2 and tensor/sequence parallelism over a ``(fsdp,
+    tp)`` mesh of the processes (``lnblocks.study.lm.sharding.ShardingConfig``; docs/long-runs.md); null: DDP under
+    torchrun, one plain process otherwise. The record equals the one-process run's up to float reduction order, so
+    this key is not part of the run's id either.
     """
 
     steps: int = 300
@@ -233,10 +239,12 @@ class TrainConfig(Config):
     z_loss: float = 0.0
     checkpoint: CheckpointConfig | None = None
     deterministic: bool = False
+    parallel: ShardingConfig | None = None
 
     def __post_init__(self) -> None:
         self._nested("optimizer", OptimizerConfig)
         self._nested("checkpoint", CheckpointConfig, allow_none=True)
+        self._nested("parallel", ShardingConfig, allow_none=True)
         check_bool("deterministic", self.deterministic)
         self._set("z_loss", check_float("z_loss", self.z_loss, lo=0))
         check_choice("dtype", self.dtype, DTYPES)
@@ -337,7 +345,7 @@ ADDED_KEYS: dict[str, Any] = {
     "data.corpus": None,
     "train.deterministic": False,
 }
-EXECUTION_KEYS = ("train.checkpoint",)
+EXECUTION_KEYS = ("train.checkpoint", "train.parallel")
 KEY_VERSIONS: dict[str, tuple[int, tuple[Any, ...] | None, str]] = {}
 
 
@@ -412,6 +420,10 @@ class RunConfig(LabelledRun, Config):
     @property
     def checkpoint(self) -> CheckpointConfig | None:
         return self.train.checkpoint
+
+    @property
+    def parallel(self) -> ShardingConfig | None:
+        return self.train.parallel
 
     @property
     def threads(self) -> int:

@@ -194,13 +194,16 @@ def backends_used(model: nn.Module) -> dict[str, str]:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any]) -> float:
-    """Mean cross-entropy (nats/token) over the fixed held-out batches."""
+def evaluate(
+    model: nn.Module, batches: list[tuple[Tensor, Tensor]], autocast: Callable[[], Any], full_logits: bool = False
+) -> float:
+    """Mean cross-entropy (nats/token) over the fixed held-out batches (``full_logits``: through the logits, not the
+    chunked head: a tensor-parallel model, whose head is split over the vocabulary)."""
     was_training = model.training
     model.eval()
     try:
         with autocast():
-            total = sum(float(model(x, y, return_logits=False)[1]) for x, y in batches)  # chunked head
+            total = sum(float(model(x, y, return_logits=full_logits)[1]) for x, y in batches)  # chunked head
     finally:
         model.train(was_training)
     return total / len(batches)

@@ -87,8 +87,9 @@ def summary(loss: Sequence[float | None], grad_norm: Sequence[float | None], dia
 
 def grad_norm(model: nn.Module) -> Tensor:
     """The global gradient norm over all parameters, on the device (0-dim fp32; what ``clip_grad_norm_`` computes)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads).float()
+    from lnblocks.study.lm.sharding import total_grad_norm
+
+    return total_grad_norm([p.grad for p in model.parameters() if p.grad is not None])
 
 
 def update_rms(before: dict[str, list[Tensor]], after: dict[str, list[Tensor]], lr: float) -> dict[str, list[float]]:

@@ -47,6 +47,7 @@ from lnblocks.study.lm.data import build_source
 from lnblocks.study.lm.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
 from lnblocks.study.lm.loop_state import DivergenceMonitor, LoopState
 from lnblocks.study.lm.result import LMResult
+from lnblocks.study.lm.sharding import Sharded, check_sharding, data_parallel_degree, no_grad_sync
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
 
@@ -168,8 +169,7 @@ def forward_backward(
     micro = list(zip(x.chunk(accum), y.chunk(accum)))  # accum x ((B / accum, T), (B / accum, T))
     for i, (xi, yi) in enumerate(micro):
         last = i == accum - 1
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-        with sync:
+        with contextlib.nullcontext() if last else no_grad_sync(model):
             with precision.autocast():
                 if full_logits:
                     logits, loss = model(xi, yi)  # (B, T, V), ()
@@ -248,7 +248,8 @@ def _train(
     precision = Precision.of(tc.dtype, device)
     autocast = precision.autocast
 
-    if dc.batch_size % (dist.world_size * tc.grad_accum):
+    dp = data_parallel_degree(run, dist.world_size)
+    if dc.batch_size % (dp * tc.grad_accum):
         raise ValueError(
             f"data.batch_size ({dc.batch_size}) must be divisible by the world size ({dist.world_size}) "
             f"times train.grad_accum ({tc.grad_accum})"
@@ -257,6 +258,8 @@ def _train(
     corpus = getattr(source, "corpus", None)
     if corpus is not None and dc.corpus is None:  # not bound by a runner: bind to what this process opened
         run = run.bind_corpus(corpus["digest"])
+    check_sharding(run, dist.world_size, source.vocab_size)  # the same ValueError on every rank, before collectives
+    sharded = tc.parallel is not None and tc.parallel.world_size > 1
     torch.manual_seed(tc.seed)  # the init
     raw = GPT(run.model.gpt_config(source.vocab_size, dc.seq_len)).to(device)
     data_gen = torch.Generator().manual_seed(tc.seed)  # the training data order
@@ -272,15 +275,30 @@ def _train(
         ]
         with autocast():
             init_grad = diag.expected_grad(raw, batches)
-    model: nn.Module = torch.compile(raw) if tc.compile else raw
-    if dist.enabled:
+    shard = None
+    if sharded:  # FSDP2 / TP over train.parallel's mesh; the diagnostics read rank 0's gathered copy (``view``)
+        assert tc.parallel is not None
+        shard = Sharded(raw, tc.parallel, device, dist.is_main, tc.compile)
+        model: nn.Module = shard.model
+    else:
+        model = torch.compile(raw) if tc.compile else raw
+    if dist.enabled and not sharded:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    view = raw if shard is None else shard.full  # the unsharded model the diagnostics read (rank 0)
+    # the chunked LM head reads lm_head.weight itself: under tensor parallelism (a vocabulary-split DTensor) the loss
+    # goes through the head's gathered logits instead
+    full_logits = shard is not None and shard.parallel.tp > 1
+
+    def gathered(grads: bool = False) -> None:
+        if shard is not None:
+            shard.gather(grads)
+
     opt = build_optimizer(raw, tc)
     monitor = DivergenceMonitor(margin=tc.divergence_margin, patience=tc.divergence_patience)
     if start is None:
-        loop = LoopState(eval_curve=[(0, evaluate(raw, eval_set, autocast))], init_grad=init_grad)
+        loop = LoopState(eval_curve=[(0, evaluate(raw, eval_set, autocast, full_logits))], init_grad=init_grad)
     else:  # the model, the optimizer and the process's RNGs from the checkpoint, then the loop's own state
         saved = checkpoints.load(start, raw, opt)  # type: ignore[union-attr]
         loop = LoopState.from_state(saved, monitor, data_gen, precision.scaler, device)
@@ -289,6 +307,7 @@ def _train(
         curves.update(loop.losses, loop.records, loop.eval_curve, loop.grad_norms)
     per_rank = dc.batch_size // dist.world_size
     lo = dist.rank * per_rank
+    every = gc.every > 0
     show = show_progress and dist.is_main
     t_train, c_train = time.perf_counter(), time.process_time()
 
@@ -322,26 +341,36 @@ def _train(
             for group in opt.param_groups:
                 group["lr"] = lr
             x, y = source.batch(dc.batch_size, data_gen)  # (B, T) global batch, same on every rank
-            x, y = x[lo : lo + per_rank].to(device), y[lo : lo + per_rank].to(device)
-            logging = gc.every > 0 and dist.is_main and (step % gc.every == 0 or step == tc.steps - 1)
+            if shard is not None:  # this rank's data-parallel rows (the same for every tp rank of its group)
+                x, y = (t.to(device) for t in shard.split(x, y))
+            else:
+                x, y = x[lo : lo + per_rank].to(device), y[lo : lo + per_rank].to(device)
+            due = every and (step % gc.every == 0 or step == tc.steps - 1)  # the same on every rank
+            logging = due and dist.is_main
             rec: dict[str, Any] = {"step": step, "lr": lr}
+            if due:
+                gathered()  # sharded: the full weights into rank 0's copy (every rank takes part)
             if logging:
-                with stab.small_variance(raw) as below_eps:
-                    rec.update(diag.probe(raw, probe_x, attention=gc.attention, autocast=autocast))
+                with stab.small_variance(view) as below_eps:
+                    rec.update(diag.probe(view, probe_x, attention=gc.attention, autocast=autocast))
                 rec["var_below_eps"] = below_eps
             opt.zero_grad(set_to_none=True)
-            value = forward_backward(model, x, y, tc.grad_accum, precision, tc.z_loss)
+            value = forward_backward(model, x, y, tc.grad_accum, precision, tc.z_loss, full_logits)
             precision.unscale_(opt)
             total_norm = stab.grad_norm(raw)  # before clipping; read with the losses
+            if due:
+                gathered(grads=True)
             if logging:
-                rec.update(diag.grad_norms(raw))
-                before = diag.snapshot(raw)
+                rec.update(diag.grad_norms(view))
+                before = diag.snapshot(view)
             if tc.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(raw.parameters(), tc.grad_clip, total_norm)
             precision.step(opt)
+            if due:
+                gathered()
             if logging:
-                rec["update_ratio"] = diag.update_ratios(raw, before)
-                rec["update_rms"] = stab.update_rms(before, diag.weight_groups(raw), lr)
+                rec["update_ratio"] = diag.update_ratios(view, before)
+                rec["update_rms"] = stab.update_rms(before, diag.weight_groups(view), lr)
                 loop.records.append(rec)
             if dist.enabled:
                 torch.distributed.all_reduce(value)
@@ -351,7 +380,7 @@ def _train(
             if ((step + 1) % tc.log_every == 0 or step == tc.steps - 1) and read_losses():
                 break
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
-                loop.eval_curve.append((step + 1, evaluate(raw, eval_set, autocast)))
+                loop.eval_curve.append((step + 1, evaluate(raw, eval_set, autocast, full_logits)))
             loop.step = step + 1
             if checkpoints is not None and loop.step < tc.steps and checkpoints.due(loop.step):
                 state = loop.state_dict(monitor, data_gen, precision.scaler, elapsed())
@@ -361,10 +390,12 @@ def _train(
                 if step % 10 == 0 and loop.losses:
                     bar.set_postfix(loss=f"{loop.losses[-1]:.3f}", lr=f"{lr:.2g}")
     times = elapsed()
-    final_eval = evaluate(raw, eval_set, autocast)
+    final_eval = evaluate(raw, eval_set, autocast, full_logits)
     ablation = None
-    if gc.layer_ablation and dist.is_main and monitor.step is None and math.isfinite(final_eval):
-        ablation = {"base": finite_or_none(final_eval), "skip": layer_ablation(raw, eval_set, autocast)}
+    if gc.layer_ablation and monitor.step is None and math.isfinite(final_eval):  # the same on every rank
+        gathered()
+        if dist.is_main:
+            ablation = {"base": finite_or_none(final_eval), "skip": layer_ablation(view, eval_set, autocast)}
     losses, grad_norms, records, eval_curve = loop.losses, loop.grad_norms, loop.records, loop.eval_curve
     reason = None
     if monitor.step is not None:  # cut what ran after the diverging step (it was only noticed at the next read)
@@ -385,7 +416,7 @@ def _train(
     loss, grad_norm = [finite_or_none(v) for v in losses], [finite_or_none(v) for v in grad_norms]
     result = LMResult(
         reference=source.reference,
-        model={"params": raw.num_params(), **backends_used(raw)},  # what the final (eager) eval ran
+        model={"params": (view or raw).num_params(), **backends_used(raw)},  # what the final (eager) eval ran
         steps_done=len(losses),
         diverged_step=monitor.step,
         diverged_reason=reason,
@@ -406,6 +437,8 @@ def _train(
     )
     env = {"torch": torch.__version__, "device": str(device), "world_size": dist.world_size,
            "threads": torch.get_num_threads(), "host": platform.node(), "pid": os.getpid()}  # fmt: skip
+    if tc.parallel is not None:
+        env["parallel"] = tc.parallel.to_dict()
     if checkpoints is not None and checkpoints.resumed_from:
         env["resumed_from"] = list(checkpoints.resumed_from)
     steps = max(len(losses), 1)

