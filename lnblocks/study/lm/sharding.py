@@ -101,14 +101,15 @@ def check_sharding(run: Any, world_size: int, vocab_size: int | None = None) -> 
 
 
 class Sharded:
-    """``raw`` (a ``GPT``, built the same on every rank) sharded in place over the mesh of ``config``; on rank 0
-    also an unsharded copy (``full``) for the diagnostics that read whole weights and gradients."""
+    """``raw`` (a ``GPT``, built the same on every rank) sharded in place over the mesh of ``config``; with
+    ``keep_full`` (rank 0, when the run has diagnostics that read whole weights and gradients) also an unsharded copy
+    (``full``) for them."""
 
-    def __init__(self, raw: nn.Module, config: ShardingConfig, device: torch.device, main: bool, compile: bool):
+    def __init__(self, raw: nn.Module, config: ShardingConfig, device: torch.device, keep_full: bool, compile: bool):
         from lnblocks.models.parallel import build_mesh, parallelize
 
         self.parallel = config.parallel_config(compile)
-        self.full = copy.deepcopy(raw) if main else None
+        self.full = copy.deepcopy(raw) if keep_full else None
         self.mesh = build_mesh(self.parallel, device.type)
         self.model = parallelize(raw, self.mesh, self.parallel)
 
@@ -138,6 +139,13 @@ class Sharded:
                     mine[name].grad = None if g is None else g.detach().clone()
                 del g
         return self.full
+
+    def drop_grads(self) -> None:
+        """Free the full gradients ``gather(grads=True)`` put into ``full`` (rank 0 holds one full copy of the
+        parameters between logging steps, not of the gradients too)."""
+        if self.full is not None:
+            for p in self.full.parameters():
+                p.grad = None
 
 
 def total_grad_norm(grads: list[Tensor]) -> Tensor:

@@ -278,7 +278,8 @@ def _train(
     shard = None
     if sharded:  # FSDP2 / TP over train.parallel's mesh; the diagnostics read rank 0's gathered copy (``view``)
         assert tc.parallel is not None
-        shard = Sharded(raw, tc.parallel, device, dist.is_main, tc.compile)
+        needs_full = gc.every > 0 or gc.layer_ablation  # what reads whole weights: the copy only then
+        shard = Sharded(raw, tc.parallel, device, dist.is_main and needs_full, tc.compile)
         model: nn.Module = shard.model
     else:
         model = torch.compile(raw) if tc.compile else raw
@@ -363,6 +364,8 @@ def _train(
             if logging:
                 rec.update(diag.grad_norms(view))
                 before = diag.snapshot(view)
+            if due and shard is not None:
+                shard.drop_grads()  # rank 0's full gradients only live for the diagnostics of this step
             if tc.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(raw.parameters(), tc.grad_clip, total_norm)
             precision.step(opt)
