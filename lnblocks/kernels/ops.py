@@ -204,15 +204,24 @@ def _op_backward(ctx, dy, dres_out, _dmean, _drstd):
 torch.library.register_autograd("lnblocks::norm_fwd", _op_backward, setup_context=_op_setup_context)
 
 
+def _ready(t: Tensor | None) -> Tensor | None:
+    """``t`` itself, or, for the local tensor of a DTensor whose collective is still in flight (an
+    ``AsyncCollectiveTensor``: what a reduce-scatter into ``SequenceParallel`` leaves), the waited plain tensor: the
+    kernels read data pointers, which the wrapper does not have. The custom op route gets this from the dispatcher."""
+    wait = getattr(t, "trigger_wait", None)
+    return t if wait is None else wait()
+
+
 class FusedNorm(torch.autograd.Function):
     """Eager autograd of the fused norm: ``(x, residual, weight, bias, seed, plan) -> (y, new_residual)``."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, seed, plan: NormPlan):
+        x, residual, weight, bias = _ready(x), _ready(residual), _ready(weight), _ready(bias)
         outputs = launch_forward(plan, x, residual, weight, bias, seed)
         _save(ctx, plan, x, residual, weight, bias, seed, outputs)
         return outputs[0], outputs[1]
 
     @staticmethod
     def backward(ctx, dy, dres_out):
-        return (*_backward(ctx, dy, dres_out, through_ops=False), None, None)
+        return (*_backward(ctx, _ready(dy), _ready(dres_out), through_ops=False), None, None)

@@ -69,7 +69,7 @@ MODES_2D: dict[str, tuple[int, int, dict[str, Any], tuple[str, ...]]] = {
     ),
 }
 # the fused Triton norms (TRITON_INTERPRET=1 on CPU): FSDP hands them plain tensors; tensor parallelism hands them
-# DTensors, which needs the fused ops' DTensor sharding rules (checked first by a probe; skipped without them)
+# DTensors (sequence-sharded, their local tensors possibly still in flight), which the fused path runs row-wise
 TRITON_MODES: dict[str, tuple[str, ...]] = {"fsdp": ("pre",), "tp_sp": ("llama",), "tp": ("pre",)}
 
 
