@@ -57,7 +57,7 @@ MODES: dict[str, tuple[int, int, dict[str, Any], tuple[str, ...]]] = {
 }
 if os.environ.get("LNBLOCKS_PARALLEL_INDUCTOR") == "1":
     MODES["tp_sp_compiled_inductor"] = (1, 2, {"compile": True}, ("llama",))
-# a true 2-D mesh needs 4 processes: opt-in (LNBLOCKS_PARALLEL_4PROC=1), every case under FSDP2 x TP + SP
+# a true 2-D mesh needs 4 processes (test_two_dimensional_mesh_on_four_processes): FSDP2 x TP (+ SP)
 MODES_2D: dict[str, tuple[int, int, dict[str, Any], tuple[str, ...]]] = {
     "fsdp_tp_sp": (2, 2, {}, ALL),
     "fsdp_tp": (2, 2, {"sequence_parallel": False}, ("resi_dual", "llama")),

@@ -5,7 +5,8 @@ one-process checkpoint resumes under tensor parallelism (DCP and full state dict
 uninterrupted run's record; a layout that does not fit the processes or the model is refused with one line naming
 ``train.parallel`` on every rank, before any process group, within a timeout. bf16 autocast under FSDP2, with no
 diagnostic that reads whole weights (so no unsharded copy on rank 0), gives the one-process bf16 record within
-bf16's tolerance (measured: 1.1e-3 on a loss, 1.8e-3 on a gradient norm).
+bf16's tolerance (measured: 1.1e-3 on a loss, 1.8e-3 on a gradient norm). ``{fsdp: 2, tp: 2}`` on 4 processes (a
+2 x 2 mesh) gives the one-process record too.
 
 Tolerance: every number of ``result`` within ``ATOL + RTOL * |reference|``. Measured on 2 CPU cores (torch 2.13,
 8 steps): see MEASURED; the tolerance is about 10x the largest.
@@ -105,6 +106,16 @@ def test_two_processes_give_the_one_process_record(study: Path, reference: Any, 
     assert rec.env["world_size"] == 2 and rec.env["parallel"] == {"fsdp": 1, "tp": 1, "sequence_parallel": True,
                                                                    **parallel}  # fmt: skip
     assert rec.id == reference.id  # train.parallel is not part of the run's id
+    assert_close(rec, reference)
+
+
+def test_a_two_dimensional_mesh_on_four_processes(study: Path, reference: Any, tmp_path: Path) -> None:
+    """FSDP2 x tensor parallelism on a 2 x 2 mesh (4 gloo processes on the 2-core machine)."""
+    proc = launch(study, tmp_path, {"train.parallel": {"fsdp": 2, "tp": 2}}, nproc=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = the_record(tmp_path)
+    assert rec.env["world_size"] == 4 and rec.env["parallel"] == {"fsdp": 2, "tp": 2, "sequence_parallel": True}
+    assert rec.id == reference.id
     assert_close(rec, reference)
 
 
