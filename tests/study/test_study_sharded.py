@@ -6,7 +6,8 @@ uninterrupted run's record; a layout that does not fit the processes or the mode
 ``train.parallel`` on every rank, before any process group, within a timeout. bf16 autocast under FSDP2, with no
 diagnostic that reads whole weights (so no unsharded copy on rank 0), gives the one-process bf16 record within
 bf16's tolerance (measured: 1.1e-3 on a loss, 1.8e-3 on a gradient norm). ``{fsdp: 2, tp: 2}`` on 4 processes (a
-2 x 2 mesh) gives the one-process record too.
+2 x 2 mesh) gives the one-process record too, and so does ``{tp: 2, loss_parallel: true}`` (the cross-entropy and
+the z-loss on vocabulary-split logits).
 
 Tolerance: every number of ``result`` within ``ATOL + RTOL * |reference|``. Measured on 2 CPU cores (torch 2.13,
 8 steps): see MEASURED; the tolerance is about 10x the largest.
@@ -98,13 +99,15 @@ def reference(study: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     return the_record(out)
 
 
-@pytest.mark.parametrize("parallel", [{"fsdp": 2}, {"tp": 2}], ids=["fsdp2", "tp2"])
+@pytest.mark.parametrize(
+    "parallel", [{"fsdp": 2}, {"tp": 2}, {"tp": 2, "loss_parallel": True}], ids=["fsdp2", "tp2", "tp2-loss-parallel"]
+)
 def test_two_processes_give_the_one_process_record(study: Path, reference: Any, tmp_path: Path, parallel) -> None:
     proc = launch(study, tmp_path, {"train.parallel": parallel})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = the_record(tmp_path)
-    assert rec.env["world_size"] == 2 and rec.env["parallel"] == {"fsdp": 1, "tp": 1, "sequence_parallel": True,
-                                                                   **parallel}  # fmt: skip
+    defaults = {"fsdp": 1, "tp": 1, "sequence_parallel": True, "loss_parallel": False}
+    assert rec.env["world_size"] == 2 and rec.env["parallel"] == {**defaults, **parallel}
     assert rec.id == reference.id  # train.parallel is not part of the run's id
     assert_close(rec, reference)
 
@@ -114,9 +117,20 @@ def test_a_two_dimensional_mesh_on_four_processes(study: Path, reference: Any, t
     proc = launch(study, tmp_path, {"train.parallel": {"fsdp": 2, "tp": 2}}, nproc=4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = the_record(tmp_path)
-    assert rec.env["world_size"] == 4 and rec.env["parallel"] == {"fsdp": 2, "tp": 2, "sequence_parallel": True}
+    assert rec.env["world_size"] == 4 and rec.env["parallel"]["fsdp"] == rec.env["parallel"]["tp"] == 2
     assert rec.id == reference.id
     assert_close(rec, reference)
+
+
+def test_loss_parallel_with_the_z_loss(study: Path, reference: Any, tmp_path: Path) -> None:
+    """The z-loss on vocabulary-split logits (``logsumexp`` over the shards) back-propagates what one process does."""
+    z = {"train.z_loss": 1e-2}
+    assert run_study(study, tmp_path / "one", show_progress=False, report=False, overrides=z) == 0
+    proc = launch(study, tmp_path / "two", {**z, "train.parallel": {"tp": 2, "loss_parallel": True}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = the_record(tmp_path / "one")
+    assert ref.result.loss != reference.result.loss  # the z-loss changed the run
+    assert_close(the_record(tmp_path / "two"), ref)
 
 
 BF16 = {"train.dtype": "bf16", "diagnostics.every": 0, "diagnostics.layer_ablation": False}
@@ -176,6 +190,8 @@ def test_train_parallel_is_checked_and_is_no_part_of_the_id(study: Path) -> None
     check_sharding(run, 2)  # null: DDP, any world size
     with pytest.raises(ConfigValueError, match=r"train\.parallel\.fsdp must be"):
         load_study(study, overrides={"train.parallel": {"fsdp": 0}})
+    with pytest.raises(ConfigValueError, match=r"train\.parallel\.loss_parallel .*needs tp > 1"):
+        load_study(study, overrides={"train.parallel": {"fsdp": 2, "loss_parallel": True}})
     with pytest.raises(ConfigValueError, match=r"train\.parallel needs fsdp=2 \* tp=1 = 2 processes, but .* has 1"):
         run_study(study, "unused", show_progress=False, report=False, overrides={"train.parallel": {"fsdp": 2}})
     (big,) = load_study(study, overrides={"train.parallel": {"fsdp": 16}, "train.grad_accum": 1}).runs()

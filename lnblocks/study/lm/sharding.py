@@ -38,16 +38,22 @@ class ShardingConfig(Config):
     trains on ``data.batch_size / fsdp`` rows of the global batch). ``tp``: tensor-parallel degree (attention heads,
     KV heads, MLP units and the vocabulary split ``tp`` ways; Shoeybi et al. 2019, arXiv 1909.08053).
     ``sequence_parallel`` (tp > 1): norms and the residual stream hold ``T / tp`` positions per rank (Korthikanti et
-    al. 2022, arXiv 2205.05198)."""
+    al. 2022, arXiv 2205.05198). ``loss_parallel`` (tp > 1): the logits stay split over the vocabulary and the
+    cross-entropy (and z-loss) run on the shards, so no rank holds the ``(B, T, V)`` logits (PyTorch's
+    ``loss_parallel``); off, every tp rank gathers the whole logits for the loss."""
 
     fsdp: int = 1
     tp: int = 1
     sequence_parallel: bool = True
+    loss_parallel: bool = False
 
     def __post_init__(self) -> None:
         self._set("fsdp", check_int("fsdp", self.fsdp))
         self._set("tp", check_int("tp", self.tp))
         check_bool("sequence_parallel", self.sequence_parallel)
+        check_bool("loss_parallel", self.loss_parallel)
+        if self.loss_parallel and self.tp == 1:
+            raise ConfigValueError("loss_parallel", "splits the logits over tensor-parallel ranks: it needs tp > 1")
 
     @property
     def world_size(self) -> int:
@@ -57,7 +63,13 @@ class ShardingConfig(Config):
         """The ``lnblocks.models.parallel.ParallelConfig`` of this layout (``compile``: each block, after TP)."""
         from lnblocks.models.parallel import ParallelConfig
 
-        return ParallelConfig(dp_shard=self.fsdp, tp=self.tp, sequence_parallel=self.sequence_parallel, compile=compile)
+        return ParallelConfig(
+            dp_shard=self.fsdp,
+            tp=self.tp,
+            sequence_parallel=self.sequence_parallel,
+            loss_parallel=self.loss_parallel,
+            compile=compile,
+        )
 
 
 def data_parallel_degree(run: Any, world_size: int) -> int:
@@ -112,6 +124,12 @@ class Sharded:
         self.full = copy.deepcopy(raw) if keep_full else None
         self.mesh = build_mesh(self.parallel, device.type)
         self.model = parallelize(raw, self.mesh, self.parallel)
+
+    def loss_scope(self) -> contextlib.AbstractContextManager[None]:
+        """Where the loss's forward and backward run: PyTorch's ``loss_parallel()`` with ``loss_parallel``."""
+        from lnblocks.models.parallel import loss_context
+
+        return loss_context(self.parallel)
 
     def split(self, *tensors: Tensor) -> tuple[Tensor, ...]:
         """This rank's rows of the global batch (every tp rank of a data-parallel group gets the same ones)."""

@@ -180,6 +180,8 @@ def forward_backward(
                 objective = loss + (z_loss_term(logits, z_loss) if full_logits else stats.z_loss)
             precision.backward(objective if accum == 1 else objective / accum)
         value = loss.detach().float()
+        if hasattr(value, "full_tensor"):  # a loss-parallel loss: a replicated DTensor scalar
+            value = value.full_tensor()
         total = value if total is None else total + value
     assert total is not None
     return total if accum == 1 else total / accum
@@ -291,6 +293,11 @@ def _train(
     # the chunked LM head reads lm_head.weight itself: under tensor parallelism (a vocabulary-split DTensor) the loss
     # goes through the head's gathered logits instead
     full_logits = shard is not None and shard.parallel.tp > 1
+    loss_scope = shard.loss_scope if shard is not None else contextlib.nullcontext  # loss_parallel's context
+
+    def eval_loss() -> float:
+        with loss_scope():
+            return evaluate(raw, eval_set, autocast, full_logits)
 
     def gathered(grads: bool = False) -> None:
         if shard is not None:
@@ -299,7 +306,7 @@ def _train(
     opt = build_optimizer(raw, tc)
     monitor = DivergenceMonitor(margin=tc.divergence_margin, patience=tc.divergence_patience)
     if start is None:
-        loop = LoopState(eval_curve=[(0, evaluate(raw, eval_set, autocast, full_logits))], init_grad=init_grad)
+        loop = LoopState(eval_curve=[(0, eval_loss())], init_grad=init_grad)
     else:  # the model, the optimizer and the process's RNGs from the checkpoint, then the loop's own state
         saved = checkpoints.load(start, raw, opt)  # type: ignore[union-attr]
         loop = LoopState.from_state(saved, monitor, data_gen, precision.scaler, device)
@@ -356,7 +363,8 @@ def _train(
                     rec.update(diag.probe(view, probe_x, attention=gc.attention, autocast=autocast))
                 rec["var_below_eps"] = below_eps
             opt.zero_grad(set_to_none=True)
-            value = forward_backward(model, x, y, tc.grad_accum, precision, tc.z_loss, full_logits)
+            with loss_scope():
+                value = forward_backward(model, x, y, tc.grad_accum, precision, tc.z_loss, full_logits)
             precision.unscale_(opt)
             total_norm = stab.grad_norm(raw)  # before clipping; read with the losses
             if due:
@@ -383,7 +391,7 @@ def _train(
             if ((step + 1) % tc.log_every == 0 or step == tc.steps - 1) and read_losses():
                 break
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
-                loop.eval_curve.append((step + 1, evaluate(raw, eval_set, autocast, full_logits)))
+                loop.eval_curve.append((step + 1, eval_loss()))
             loop.step = step + 1
             if checkpoints is not None and loop.step < tc.steps and checkpoints.due(loop.step):
                 state = loop.state_dict(monitor, data_gen, precision.scaler, elapsed())
@@ -393,7 +401,7 @@ def _train(
                 if step % 10 == 0 and loop.losses:
                     bar.set_postfix(loss=f"{loop.losses[-1]:.3f}", lr=f"{lr:.2g}")
     times = elapsed()
-    final_eval = evaluate(raw, eval_set, autocast, full_logits)
+    final_eval = eval_loss()
     ablation = None
     if gc.layer_ablation and monitor.step is None and math.isfinite(final_eval):  # the same on every rank
         gathered()
