@@ -20,13 +20,13 @@ CHILD = """
 import resource, torch
 from lnblocks.study.core.allocator import tune_allocator
 
-def faults(n_mib, times=4):  # minor page faults of allocating, touching and freeing a buffer, after the first time
-    counts = []
+def faults(n_mib, times=6):  # minor page faults of allocating, touching and freeing a buffer, after the first time:
+    counts = []               # the median, so that one pass disturbed by the machine (memory pressure) does not count
     for _ in range(times):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         torch.empty(n_mib << 18).fill_(1.0)  # n_mib MiB of fp32, freed at once
         counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    return sum(counts[1:]) / (times - 1)
+    return sorted(counts[1:])[(times - 1) // 2]
 
 default = faults(64)
 outcome = tune_allocator()
