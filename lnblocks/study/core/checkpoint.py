@@ -29,8 +29,9 @@ temporary folder and leaves the previous checkpoints as they were.
 ``LNBLOCKS_CHECKPOINT_FAULT=<fault>@<n>`` makes this process fail on purpose, for the tests of the resume
 guarantee: ``kill-at-step@k`` (SIGKILL once k steps are done), ``kill-mid-write@n`` (SIGKILL after the model file of
 the n-th checkpoint is written), ``kill-before-rename@n``, ``kill-after-save@n`` (just after it is in place),
-``enospc-mid-write@n`` (the n-th write fails part-way as on a full disk). A fault fires on rank 0 only, and only in
-an attempt that did not resume (so a retried run does not fail again).
+``enospc-mid-write@n`` (the n-th write fails part-way as on a full disk), ``term-at-step@k`` and
+``term-parent-at-step@k`` (SIGTERM to this process, or to its parent, the runner of a pool: ``core.preemption``). A
+fault fires on rank 0 only, and only in an attempt that did not resume (so a retried run does not fail again).
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ from lnblocks.study.core.tasks import DistContext
 
 FORMAT = "lnblocks.checkpoint/1"
 FAULT_ENV = "LNBLOCKS_CHECKPOINT_FAULT"
-FAULTS = ("kill-at-step", "kill-mid-write", "kill-before-rename", "kill-after-save", "enospc-mid-write")
+FAULTS = (
+    "kill-at-step", "kill-mid-write", "kill-before-rename", "kill-after-save", "enospc-mid-write",
+    "term-at-step", "term-parent-at-step",
+)  # fmt: skip
 _STEP = re.compile(r"^step-(\d{9})$")
 _CHUNK = 1 << 24
 
@@ -256,6 +260,9 @@ class Checkpoints:
         if kind.startswith("kill"):
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind.startswith("term"):  # what Slurm sends a preempted job: to this process, or to the runner
+            os.kill(os.getppid() if kind == "term-parent-at-step" else os.getpid(), signal.SIGTERM)
+            return
         raise OSError(28, "No space left on device (injected by LNBLOCKS_CHECKPOINT_FAULT)")
 
     # -- the resume decision
@@ -340,9 +347,17 @@ class Checkpoints:
         return saved["task"]
 
     # -- saving
+    def stop_requested(self) -> bool:
+        """Whether a SIGTERM asked this run to checkpoint now and stop (``core.preemption``; one process only)."""
+        from lnblocks.study.core import preemption
+
+        return not self.dist.enabled and preemption.requested()
+
     def due(self, steps_done: int) -> bool:
         """Whether to checkpoint now that ``steps_done`` steps are done (the same answer on every rank)."""
         self._inject("kill-at-step", steps_done)
+        self._inject("term-at-step", steps_done)
+        self._inject("term-parent-at-step", steps_done)
         if self.cfg.every is not None and steps_done % self.cfg.every == 0:
             return True
         if self.cfg.every_s is None:

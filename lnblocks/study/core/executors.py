@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
+from lnblocks.study.core import preemption
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.tasks import DistContext, RunContext, get_task
 
@@ -63,11 +64,12 @@ class Job:
 class Outcome:
     """What came back for a job: its record (``value``: a ``Job.call``'s result), or an error message (``lost``: the
     process training it died; ``fatal``: its checkpoints could not be written, a one-line message: no further run
-    should start)."""
+    should start; ``preempted``: it stopped on SIGTERM after a checkpoint, ``core.preemption``)."""
 
     record: RunRecord | None = None
     error: str | None = None
     lost: bool = False
+    preempted: bool = False
     value: Any = None
     fatal: bool = False
 
@@ -114,6 +116,8 @@ def execute(job: Job, position: int = 0) -> Outcome:
         out = train_job(job, position)
     except CheckpointError as err:  # a full disk or a folder that went away: one line, and stop the sweep
         return Outcome(error=str(err), fatal=True)
+    except preemption.Preempted as err:  # SIGTERM: checkpointed, to be resumed by the next runner
+        return Outcome(error=str(err), preempted=True)
     except Exception:  # a bug or a config the model rejects: report it, keep the other runs going
         return Outcome(error=traceback.format_exc())
     return Outcome(record=out) if job.call is None else Outcome(value=out)
@@ -154,6 +158,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _worker_main(conn: Any, parent_pid: int, position: int) -> None:
     _die_with_parent(parent_pid)
+    preemption.install()  # SIGTERM (from Slurm, or forwarded by the runner): checkpoint at the next step and stop
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -211,6 +216,8 @@ class LocalProcessExecutor:
         startup_failures = 0
         exhausted = False
         interrupted = False
+        # a SIGTERM here (core.preemption) reaches the busy workers, which checkpoint and stop
+        unforward = preemption.forward_to(lambda: [w.proc.pid for w in pool if w.job is not None])
         try:
             while True:
                 for w in pool:  # hand out work to idle, started workers
@@ -248,11 +255,15 @@ class LocalProcessExecutor:
                                 f"({describe_exit(w.proc.exitcode)}); try --workers 1 to see the error"
                             )
                     w.conn.close()
-                    pool[i] = self._start(w.position)
+                    pool[i] = None if preemption.requested() else self._start(w.position)  # stopping: not replaced
+                if None in pool:
+                    pool[:] = [w for w in pool if w is not None]
+                    exhausted = True
         except KeyboardInterrupt:
             interrupted = True
             raise
         finally:
+            unforward()
             self._shutdown(pool, at_once=interrupted)
 
     @staticmethod

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from lnblocks.study.core import preemption
 from lnblocks.study.core.checkpoint import check_folder, checkpoint_folder, remove_folder
 from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
 from lnblocks.study.core.outdir import RunLock, check_record, claim_out_dir, pending_runs, record_path
@@ -196,13 +197,14 @@ def _sweep(
     tracking = study.tracking if study.tracking.enabled else None
     failed: list[tuple[str, str]] = []
     fatal: list[str] = []
+    stopped: list[str] = []  # runs a SIGTERM stopped (core.preemption)
     elsewhere: list[str] = []
     locks: dict[str, RunLock] = {}
     bar = _bar(total, done, show)
 
     def jobs() -> Iterator[Job]:
         for run in todo:
-            if fatal:  # a checkpoint could not be written (a full disk): start nothing more
+            if fatal or preemption.requested():  # a full disk, or a SIGTERM: start nothing more
                 return
             lock = RunLock(runs_dir, run.run_id)
             if not lock.acquire():
@@ -229,6 +231,9 @@ def _sweep(
             elif outcome.fatal:
                 fatal.append(f"run {job.run_id}: {outcome.error}")
                 bar.write(f"{job.run_id}: FAILED: {outcome.error}")
+            elif outcome.preempted or (outcome.lost and preemption.requested()):
+                stopped.append(job.run_id)
+                bar.write(f"{job.run_id}: {outcome.error}")
             else:
                 failed.append((job.run_id, outcome.error or "unknown error"))
                 bar.write(f"{job.run_id}: FAILED\n{outcome.error}")
@@ -236,12 +241,24 @@ def _sweep(
             locks.pop(job.run_id).release()
             bar.update(1)
 
+    if here and any(getattr(run, "checkpoint", None) is not None for run in todo):
+        preemption.install()  # SIGTERM: the runs checkpoint at their next step and stop
     try:
         pool.map(jobs(), finished)
     finally:
         bar.close()
         for lock in locks.values():
             lock.release()
+        sigterm = preemption.requested()
+        preemption.reset()
+    if sigterm:
+        left = sum(1 for r in todo if check_record(runs_dir, r.run_id) is not None)  # no record yet
+        print(
+            f"lnblocks: stopped by SIGTERM: {len(stopped)} run(s) checkpointed where they were, {left} without a "
+            "record in all; rerun the same command to resume (no report was written)",
+            file=sys.stderr,
+        )
+        return preemption.EXIT_CODE
     for run_id, err in failed:
         last = err.strip().splitlines()[-1] if err.strip() else err
         print(f"run {run_id} failed: {last}; rerun the same command to retry it", file=sys.stderr)

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from lnblocks.study.core.checkpoint import Checkpoints
+from lnblocks.study.core.preemption import Preempted
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.tasks import DistContext
 from lnblocks.study.core.tracking import Tracker
@@ -393,9 +394,12 @@ def _train(
             if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.steps:
                 loop.eval_curve.append((step + 1, eval_loss()))
             loop.step = step + 1
-            if checkpoints is not None and loop.step < tc.steps and checkpoints.due(loop.step):
+            stop = checkpoints is not None and loop.step < tc.steps and checkpoints.stop_requested()  # SIGTERM
+            if checkpoints is not None and loop.step < tc.steps and (stop or checkpoints.due(loop.step)):
                 state = loop.state_dict(monitor, data_gen, precision.scaler, elapsed())
                 checkpoints.save(loop.step, raw, opt, state)
+            if stop:
+                raise Preempted(run.run_id, loop.step)
             if bar is not None:
                 bar.update(1)
                 if step % 10 == 0 and loop.losses:
