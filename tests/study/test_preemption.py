@@ -72,7 +72,8 @@ def test_sigterm_to_the_runner_reaches_its_busy_workers(long_study: Path, long_r
 
 
 def test_the_handler_is_installed_only_where_asked_and_reset_after() -> None:
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and not preemption.requested()
+    assert not preemption.requested()
+    before = signal.getsignal(signal.SIGTERM)  # what the process had (pytest's, or the default): restored after
     calls: list[int] = []
     stop = preemption.forward_to(lambda: calls.append(1) or [])
     try:
@@ -82,4 +83,12 @@ def test_the_handler_is_installed_only_where_asked_and_reset_after() -> None:
     finally:
         stop()
         preemption.reset()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL and not preemption.requested()
+    assert signal.getsignal(signal.SIGTERM) == before and not preemption.requested()
+
+
+def test_a_sweep_in_this_process_leaves_the_sigterm_handler_as_it_was(long_study: Path, tmp_path: Path) -> None:
+    from lnblocks.study import run_study
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert run_study(long_study, tmp_path, show_progress=False, report=False, overrides={"train.steps": 6}) == 0
+    assert signal.getsignal(signal.SIGTERM) == before and not preemption.requested()

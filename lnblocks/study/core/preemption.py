@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 
 EXIT_CODE = 128 + signal.SIGTERM
-_state = {"requested": False, "installed": False}
+_state: dict = {"requested": False, "installed": False, "previous": signal.SIG_DFL}
 _forwarders: list[Callable[[], None]] = []
 
 
@@ -44,7 +44,7 @@ def install() -> bool:
         return True
     if threading.current_thread() is not threading.main_thread():
         return False
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _state["previous"] = signal.signal(signal.SIGTERM, _on_sigterm)
     _state["installed"] = True
     return True
 
@@ -68,8 +68,8 @@ def forward_to(pids: Callable[[], list[int]]) -> Callable[[], None]:
 
 
 def reset() -> None:
-    """SIGTERM's default action back, the flag cleared (a finished sweep; tests)."""
+    """The SIGTERM handler from before ``install`` back, the flag cleared (a finished sweep; tests)."""
     if _state["installed"] and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _state.update(requested=False, installed=False)
+        signal.signal(signal.SIGTERM, _state["previous"])
+    _state.update(requested=False, installed=False, previous=signal.SIG_DFL)
     _forwarders.clear()
