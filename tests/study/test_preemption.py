@@ -48,23 +48,24 @@ def test_sigterm_checkpoints_the_next_step_and_the_rerun_resumes_there(
 
 
 def test_sigterm_to_the_runner_reaches_its_busy_workers(long_study: Path, long_reference: dict, tmp_path: Path) -> None:
-    """Each worker signals the runner at its step 7; the runner forwards SIGTERM to both workers, which checkpoint
-    at their next step (wherever each is then: a worker that started later may be at step 1) and stop; nothing
-    else starts."""
+    """Each worker signals the runner at its step 7; the runner forwards SIGTERM to its busy workers, which
+    checkpoint at their next step (wherever each is then: one that started later may be at step 1) and stop, and
+    it hands out nothing more (a worker that was not ready yet never gets its run, which the rerun trains whole)."""
     cfg = tmp_path / "grid.yaml"
     cfg.write_text(long_study.read_text() + "grid: {model.placement: [pre, post]}\n")
     out = tmp_path / "out"
     first = study_cli(cfg, out, "--workers", "2", fault="term-parent-at-step@7")
     assert first.returncode == 128 + signal.SIGTERM, first.stderr[-2000:]
-    assert "lnblocks: stopped by SIGTERM: 2 run(s) checkpointed where they were" in first.stderr, first.stderr[-2000:]
     assert not list((out / "runs").glob("*.json"))
-    stopped = {folder.name: steps_saved(folder)[-1] for folder in (out / "checkpoints").iterdir()}
-    assert len(stopped) == 2 and all(0 < step < STEPS for step in stopped.values()), stopped  # a late starter: 1
+    stopped = {f.name: steps_saved(f)[-1] for f in (out / "checkpoints").iterdir() if steps_saved(f)}
+    assert stopped and all(0 < step < STEPS for step in stopped.values()), stopped
+    assert f"lnblocks: stopped by SIGTERM: {len(stopped)} run(s) checkpointed where they were" in first.stderr
     second = study_cli(cfg, out, "--workers", "2", *QUICK_REPORT)
     assert second.returncode == 0, second.stderr[-2000:]
     for run in load_study(cfg).runs():
         rec = read_record(out / "runs" / f"{run.run_id}.json")
-        assert rec.env["resumed_from"] == [stopped[run.run_id]] and rec.result.steps_done == STEPS
+        assert rec.env.get("resumed_from") == ([stopped[run.run_id]] if run.run_id in stopped else None)
+        assert rec.result.steps_done == STEPS
         ref = reference_of(long_reference, run.model.placement)
         assert {k: v for k, v in rec.deterministic_json().items() if k not in ("id", "labels")} == {
             k: v for k, v in ref.deterministic_json().items() if k not in ("id", "labels")
