@@ -151,10 +151,10 @@ def _incompatible(path: Path, manifest: dict[str, Any], identity: str) -> str | 
     return None
 
 
-def check_folder(folder: Path, identity: str, world_size: int = 1) -> None:
+def check_folder(folder: Path, identity: str) -> None:
     """Before any run trains (the driver): create ``folder`` and check it is writable and that no checkpoint in it
-    belongs to another run config or lnblocks format; ``CheckpointError`` otherwise (``world_size``: the processes
-    of each run; a checkpoint of any world size resumes, resharded)."""
+    belongs to another run config or lnblocks format; ``CheckpointError`` otherwise (a checkpoint of any world size
+    resumes, resharded)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".probe-{os.getpid()}"

@@ -124,10 +124,7 @@ def run_study(
             ddp.serve()
             return 0
         # the report's own jobs run on rank 0 alone: the other ranks stop serving when the runs are done
-        return _run(
-            study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", ddp.dist.world_size,
-            report_pool=False,
-        )  # fmt: skip
+        return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", report_pool=False)
     finally:
         ddp.close()
 
@@ -140,20 +137,19 @@ def _run(
     report: bool,
     open_pool: Callable[[int], Executor],
     how: str = "",
-    world_size: int = 1,
     here: bool = True,
     report_pool: bool = True,
 ) -> int:
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
     ``open_pool(n)``: the executor for ``n`` runs to train; ``here``: whether they train on this machine. Runs with
     ``checkpoint`` resume from their newest valid checkpoint (``core.checkpoint``): their folders are checked before
-    any run trains (for ``world_size`` processes per run) and removed once the record is written. ``report_pool``:
+    any run trains and removed once the record is written. ``report_pool``:
     the report's own jobs (init profiles) go to ``open_pool`` too."""
     runs = study.runs()
     if task.resolve_runs is not None:  # what each run trains on is part of its id (a corpus's digest)
         runs = task.resolve_runs(runs, show)
     with claim_out_dir(study, out, runs) as runs_dir:  # one study per folder, held until its report is written
-        return _sweep(study, task, out, runs_dir, show, report, open_pool, how, here, runs, world_size, report_pool)
+        return _sweep(study, task, out, runs_dir, show, report, open_pool, how, here, runs, report_pool)
 
 
 def _sweep(
@@ -167,7 +163,6 @@ def _sweep(
     how: str,
     here: bool,
     runs: list[Any],
-    world_size: int,
     report_pool: bool,
 ) -> int:
     todo, done, problems = pending_runs(study, runs_dir, runs)
@@ -176,7 +171,7 @@ def _sweep(
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
     total = done + len(todo)
-    folders = _checkpoint_folders(todo, out, world_size)  # CheckpointError (exit 2) before anything trains
+    folders = _checkpoint_folders(todo, out)  # CheckpointError (exit 2) before anything trains
     ids = {r.run_id for r in runs}
     others = [p for p in runs_dir.glob("*.json") if p.stem not in ids]
     if others:
@@ -231,9 +226,11 @@ def _sweep(
             elif outcome.fatal:
                 fatal.append(f"run {job.run_id}: {outcome.error}")
                 bar.write(f"{job.run_id}: FAILED: {outcome.error}")
-            elif outcome.preempted or (outcome.lost and preemption.requested()):
+            elif outcome.preempted:
                 stopped.append(job.run_id)
                 bar.write(f"{job.run_id}: {outcome.error}")
+            elif outcome.lost and preemption.requested():  # its worker ended on the signal before a checkpoint
+                bar.write(f"{job.run_id}: stopped by SIGTERM before its next checkpoint")
             else:
                 failed.append((job.run_id, outcome.error or "unknown error"))
                 bar.write(f"{job.run_id}: FAILED\n{outcome.error}")
@@ -241,7 +238,7 @@ def _sweep(
             locks.pop(job.run_id).release()
             bar.update(1)
 
-    if here and any(getattr(run, "checkpoint", None) is not None for run in todo):
+    if here and folders:  # some run checkpoints
         preemption.install()  # SIGTERM: the runs checkpoint at their next step and stop
     try:
         pool.map(jobs(), finished)
@@ -307,15 +304,16 @@ def _curves_of_finished(
     return lines
 
 
-def _checkpoint_folders(todo: list[Any], out: Path, world_size: int) -> dict[str, Path]:
+def _checkpoint_folders(todo: list[Any], out: Path) -> dict[str, Path]:
     """The checkpoint folder of every pending run that asks for checkpoints (``run.checkpoint``), each checked to be
-    writable and to hold no checkpoint of another config, lnblocks format or world size."""
+    writable and to hold no checkpoint of another config or lnblocks format (one of another world size resumes,
+    resharded)."""
     folders = {}
     for run in todo:
         cfg = getattr(run, "checkpoint", None)
         if cfg is not None:
             folder = checkpoint_folder(cfg, out, run.run_id)
-            check_folder(folder, run.digest, world_size)
+            check_folder(folder, run.digest)
             folders[run.run_id] = folder
     return folders
 
