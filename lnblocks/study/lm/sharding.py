@@ -6,8 +6,8 @@ process otherwise. ``check_sharding`` refuses, before any process group exists, 
 number of processes or cannot split the model or the batch (the parallel package's own checks, under the key
 ``train.parallel``). ``Sharded`` is what the training loop holds: the sharded model, its mesh, and on rank 0 an
 unsharded copy of the model (``full``) that the per-layer diagnostics, the probe and the layer ablation read after
-``gather`` copies the full parameters (and gradients) into it; the loss, the gradient norm, clipping, the optimizer
-and the eval run on the sharded model itself.
+``gather`` copies the full parameters (``gather_grads`` the gradients) into it; the loss, the gradient norm,
+clipping, the optimizer and the eval run on the sharded model itself.
 
 How a run is sharded never changes what it computes (up to float reduction order), so ``train.parallel`` is an
 execution key: not part of the run's id, and a checkpoint written under one layout resumes under another.
@@ -137,29 +137,33 @@ class Sharded:
 
         return split_batch(self.mesh, *tensors)
 
-    def gather(self, grads: bool = False) -> nn.Module | None:
-        """Copy the full parameters (and with ``grads`` the full gradients) into ``full``, which is returned on rank
-        0 (None elsewhere). A collective: every rank calls it."""
+    def gather(self) -> nn.Module | None:
+        """Copy the full parameters into ``full``, which is returned on rank 0 (None elsewhere). A collective: every
+        rank calls it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        from torch.distributed.tensor import DTensor
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # only rank 0 keeps the values
         state = get_model_state_dict(self.model, options=options)
         if self.full is not None:
             self.full.load_state_dict(state)
-        if grads:
-            mine = dict(self.full.named_parameters()) if self.full is not None else {}
-            for name, p in self.model.named_parameters():
-                g = p.grad
-                if isinstance(g, DTensor):
-                    g = g.full_tensor()
-                if name in mine:
-                    mine[name].grad = None if g is None else g.detach().clone()
-                del g
         return self.full
 
+    def gather_grads(self) -> None:
+        """Copy the full gradients into ``full``'s parameters (rank 0; the parameters are unchanged since the last
+        ``gather``, so they are not fetched again). A collective: every rank calls it."""
+        from torch.distributed.tensor import DTensor
+
+        mine = dict(self.full.named_parameters()) if self.full is not None else {}
+        for name, p in self.model.named_parameters():
+            g = p.grad
+            if isinstance(g, DTensor):
+                g = g.full_tensor()
+            if name in mine:
+                mine[name].grad = None if g is None else g.detach().clone()
+            del g
+
     def drop_grads(self) -> None:
-        """Free the full gradients ``gather(grads=True)`` put into ``full`` (rank 0 holds one full copy of the
+        """Free the full gradients ``gather_grads`` put into ``full`` (rank 0 holds one full copy of the
         parameters between logging steps, not of the gradients too)."""
         if self.full is not None:
             for p in self.full.parameters():

@@ -300,9 +300,9 @@ def _train(
         with loss_scope():
             return evaluate(raw, eval_set, autocast, full_logits)
 
-    def gathered(grads: bool = False) -> None:
+    def gathered() -> None:  # sharded: the full weights into rank 0's copy (every rank takes part)
         if shard is not None:
-            shard.gather(grads)
+            shard.gather()
 
     opt = build_optimizer(raw, tc)
     monitor = DivergenceMonitor(margin=tc.divergence_margin, patience=tc.divergence_patience)
@@ -358,7 +358,7 @@ def _train(
             logging = due and dist.is_main
             rec: dict[str, Any] = {"step": step, "lr": lr}
             if due:
-                gathered()  # sharded: the full weights into rank 0's copy (every rank takes part)
+                gathered()
             if logging:
                 with stab.small_variance(view) as below_eps:
                     rec.update(diag.probe(view, probe_x, attention=gc.attention, autocast=autocast))
@@ -368,8 +368,8 @@ def _train(
                 value = forward_backward(model, x, y, tc.grad_accum, precision, tc.z_loss, full_logits)
             precision.unscale_(opt)
             total_norm = stab.grad_norm(raw)  # before clipping; read with the losses
-            if due:
-                gathered(grads=True)
+            if due and shard is not None:
+                shard.gather_grads()  # the weights are those gathered before the forward
             if logging:
                 rec.update(diag.grad_norms(view))
                 before = diag.snapshot(view)
