@@ -6,13 +6,15 @@ and the kernel modules load on first use. The layout is flash-attn's / Liger's, 
 - reference math: ``lnblocks.norms.functional`` (what the kernels must equal);
 - ``plan``: what the kernels can run (the support rule) and ``NormPlan``, every non-tensor argument of a call,
   resolved once (no triton);
-- ``jit``: the Triton kernels (device code only);
+- ``jit_helpers``, ``jit``: the Triton kernels' shared device helpers, and the kernels (device code only);
 - ``launch``: launch shapes from N, argument lists, grids, the launchers;
 - ``ops``: the one autograd / ``torch.library`` custom-op layer;
-- ``functional``: the entry points, ``fused_add_norm``, ``run_fused`` and ``dropout_mask``.
+- ``run``: the hot path, ``run_fused`` (planned calls, DTensor shards, the memory-efficient backward's weight rule);
+- ``functional``: the validated entry points, ``fused_add_norm``, ``fused_norm_then_add``, ``fused_gated_rms_norm``
+  and ``dropout_mask``.
 
-Public API: ``fused_add_norm``, ``dropout_mask``, ``unavailable_reason``; custom ops ``torch.ops.lnblocks.norm_fwd``
-/ ``norm_bwd`` / ``norm_bwd_inplace``.
+Public API: ``fused_add_norm``, ``fused_norm_then_add``, ``fused_gated_rms_norm``, ``dropout_mask``,
+``unavailable_reason``; custom ops ``torch.ops.lnblocks.norm_fwd`` / ``norm_bwd`` / ``norm_bwd_inplace``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from lnblocks.kernels.plan import (
 
 
 def __getattr__(name: str) -> Any:  # lazy public names: importing them loads triton
-    if name in ("fused_add_norm", "run_fused", "dropout_mask"):
+    if name in ("fused_add_norm", "fused_norm_then_add", "fused_gated_rms_norm", "run_fused", "dropout_mask"):
         from lnblocks.kernels import functional
 
         return getattr(functional, name)
@@ -45,6 +47,8 @@ __all__ = [
     "device_unavailable_reason",
     "dropout_mask",
     "fused_add_norm",
+    "fused_gated_rms_norm",
+    "fused_norm_then_add",
     "interpreter_enabled",
     "is_dtensor",
     "sharding_unavailable_reason",

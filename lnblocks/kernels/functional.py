@@ -1,9 +1,6 @@
-"""Entry points of the fused kernels: ``fused_add_norm`` (validated public API), ``run_fused`` (the hot path, for
-operands a caller already validated) and ``dropout_mask``.
-
-A module's cached call reaches the kernel in four hops: ``lnblocks.norms.routing.dispatch`` -> ``run_fused`` ->
-``FusedNorm`` (or the ``lnblocks::norm_fwd`` custom op while compiling) -> ``launch_forward`` -> the Triton kernel.
-DTensor operands (tensor/sequence parallelism) run the same kernels on each rank's local rows (``_run_sharded``).
+"""Entry points of the fused kernels, validated: ``fused_add_norm`` (add, then norm), ``fused_norm_then_add`` (norm,
+then add), ``fused_gated_rms_norm`` and ``dropout_mask``; ``run_fused`` (the hot path, for operands a caller already
+validated) is re-exported from ``lnblocks.kernels.run``.
 """
 
 from __future__ import annotations
@@ -16,136 +13,41 @@ import torch
 from torch import Tensor
 
 from lnblocks.kernels.launch import launch_keep_mask
-from lnblocks.kernels.ops import FusedNorm, norm_fwd
 from lnblocks.kernels.plan import (
     KERNEL_DTYPES,
-    NormPlan,
     device_unavailable_reason,
     is_dtensor,
     make_plan,
     sharding_unavailable_reason,
 )
-from lnblocks.norms.spec import NORM_PRESETS, LayerNormSpec, NormSpec, RMSNormSpec, norm_spec
+from lnblocks.kernels.run import (  # noqa: F401 (the hot path's names, public here: lnblocks.norms.routing calls them)
+    StaleOperandError,
+    gate_unavailable_reason,
+    operand_unavailable_reason,
+    run_fused,
+)
+from lnblocks.norms import functional as LF
+from lnblocks.norms.spec import NORM_PRESETS, GatedRMSNormSpec, LayerNormSpec, NormSpec, RMSNormSpec, norm_spec
 
 _DTYPE_NAMES = "float16, bfloat16 or float32"
 _DEFAULT_SPEC = LayerNormSpec()
 _NAMED_SPECS = {"layernorm": _DEFAULT_SPEC, "rmsnorm": RMSNormSpec(), **NORM_PRESETS}
 
 
-class StaleOperandError(ValueError):
-    """An operand no longer has the shape, dtype or device its call was planned for (a parameter changed in place,
-    e.g. ``weight.data = ...``); a module re-plans once on it, a second failure reaches the caller."""
-
-
-def run_fused(
-    plan: NormPlan,
-    x: Tensor,
-    residual: Tensor | None,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    n: int,
-    seed: Tensor | None = None,
-) -> Tensor | tuple[Tensor, Tensor]:
-    """Run a planned call on validated operands (x: ``(..., *normalized_shape)``, ``n`` elements per row).
-
-    Returns ``y`` without a residual, else ``(y, new_residual)``, shaped like ``x``. What a cached plan cannot vouch
-    for is checked on every call, because a kernel reading past a tensor's end or another device's memory would not
-    fail, it would return garbage: the parameters' shape (``n`` elements), dtype (the planned one) and device, and the
-    residual's device. A mismatch raises ``StaleOperandError`` before anything runs.
-    """
-    if weight is not None and (
-        weight.dtype != plan.weight_dtype or weight.get_device() != x.get_device() or weight.numel() != n
-    ):
-        raise StaleOperandError(_changed("weight", weight, plan.weight_dtype, x, n))
-    if bias is not None and (bias.get_device() != x.get_device() or bias.numel() != n):
-        raise StaleOperandError(_changed("bias", bias, bias.dtype, x, n))
-    if residual is not None and residual.get_device() != x.get_device():
-        raise StaleOperandError(_changed("residual", residual, residual.dtype, x, None))
-    if type(x) is not Tensor and is_dtensor(x):
-        return _run_sharded(plan, x, residual, weight, bias, n, seed)
-    return _run_local(plan, x, residual, weight, bias, n, seed)
-
-
-def _run_local(plan, x, residual, weight, bias, n, seed):
-    x2 = _as_rows(x, n)
-    r2 = None if residual is None else _as_rows(residual, n)
-    w = None if weight is None else weight.reshape(-1).contiguous()
-    b = None if bias is None else bias.reshape(-1).contiguous()
-    if torch.compiler.is_compiling():  # an opaque custom op: no graph break
-        y, new_residual, _mean, _rstd = norm_fwd(x2, r2, w, b, seed, *plan.op_args())
-    else:  # eager: the same kernels without the op dispatcher's per-call overhead
-        y, new_residual = FusedNorm.apply(x2, r2, w, b, seed, plan)
-    y = y.view(x.shape)
-    return y if residual is None else (y, new_residual.view(x.shape))
-
-
-def _changed(name: str, t: Tensor, planned: torch.dtype | None, x: Tensor, n: int | None) -> str:
-    size = "" if n is None else f" with {n} elements,"
-    return (
-        f"{name}: expected {planned}{size} on {x.device} (what the call was planned for, the device of x), "
-        f"got {t.dtype} of shape {tuple(t.shape)} on {t.device}"
-    )
-
-
-def _as_rows(t: Tensor, n: int) -> Tensor:
-    """A (M, N) view of ``t`` with unit column stride (copied only when no such view exists)."""
-    t2 = t.reshape(-1, n)
-    return t2 if (t2.stride(-1) == 1 or n == 1) else t2.contiguous()
-
-
-# ---- DTensor ---------------------------------------------------------------------------------------------------------
-def _run_sharded(plan, x, residual, weight, bias, n, seed):
-    """The kernels on each rank's local rows of a DTensor ``x`` (what ``local_map`` does, with uneven shards kept).
-
-    A norm is row-wise: with ``x`` sharded on leading (batch/sequence) dims and the parameters replicated, every rank
-    normalises its own rows, nothing is communicated in the forward, and the outputs keep ``x``'s placements. The
-    local weight/bias gradients are partial sums over the local rows: they come back ``Partial`` on the mesh dims that
-    shard x (``Replicate`` on the others), and DTensor all-reduces them when they are used, as for
-    ``torch.nn.LayerNorm`` under ``SequenceParallel``. A residual in
-    other placements is first redistributed to ``x``'s (from ``Replicate`` that is a local slice). What the kernels
-    cannot do locally is refused (``sharding_unavailable_reason``), never gathered.
-    """
-    from torch.distributed.tensor import DTensor, Partial, Replicate
-
-    reason = sharding_unavailable_reason(x, residual, (("weight", weight), ("bias", bias)), n)
-    if reason is None and plan.dropout_p > 0:
-        reason = "dropout: the keep-mask is keyed by the local row index, which differs from the global one"
-    if reason is not None:
-        raise ValueError(f"the fused kernels cannot run this DTensor call: {reason}")
-    mesh, placements = x.device_mesh, x.placements
-    if residual is not None and residual.placements != placements:
-        residual = residual.redistribute(mesh, placements)
-    # a parameter's local gradient sums this rank's rows: a partial sum over every mesh dim that shards the rows
-    grad = tuple(Partial() if p.is_shard() else Replicate() for p in placements)
-    out = _run_local(
-        plan,
-        x.to_local(),
-        None if residual is None else residual.to_local(),
-        None if weight is None else weight.to_local(grad_placements=grad),
-        None if bias is None else bias.to_local(grad_placements=grad),
-        n,
-        seed,
-    )
-
-    def wrap(local: Tensor, like: Tensor) -> DTensor:
-        return DTensor.from_local(local, mesh, placements, run_check=False, shape=like.shape, stride=like.stride())
-
-    if residual is None:
-        return wrap(out, x)
-    y, new_residual = out
-    return wrap(y, x), wrap(new_residual, x)
-
-
 # ---- fused_add_norm: the validated public entry point -------------------------------------------------------------
-def _resolve_spec(spec: NormSpec | str | dict[str, Any] | None) -> LayerNormSpec | RMSNormSpec:
+_ADD_KINDS = ("layernorm", "rmsnorm", "l2norm", "dyt", "derf")  # what fused_add_norm / fused_norm_then_add run
+
+
+def _resolve_spec(spec: NormSpec | str | dict[str, Any] | None, kinds: tuple[str, ...] = _ADD_KINDS) -> NormSpec:
     if spec is None:
         spec = _DEFAULT_SPEC
     elif isinstance(spec, str) and spec.lower() in _NAMED_SPECS:
         spec = _NAMED_SPECS[spec.lower()]  # a plain lookup: traceable by torch.compile
     elif not isinstance(spec, NormSpec):
         spec = norm_spec(spec)
-    if not isinstance(spec, (LayerNormSpec, RMSNormSpec)):
-        raise ValueError(f"spec: the fused kernels run 'layernorm' and 'rmsnorm', got kind {spec.kind!r}")
+    if spec.kind not in kinds:
+        hint = " (the gated norm: fused_gated_rms_norm)" if spec.kind == "gated_rmsnorm" else ""
+        raise ValueError(f"spec: this entry point runs {', '.join(map(repr, kinds))}, got kind {spec.kind!r}{hint}")
     return spec
 
 
@@ -204,6 +106,57 @@ def _seed_tensor(seed: int | Tensor | None, device: torch.device) -> Tensor:
     return torch.tensor([seed], dtype=torch.int64, device=device)
 
 
+def _check_parameters(spec: NormSpec, x: Tensor, shape, weight, bias, alpha, shift) -> None:
+    """The parameters a spec reads, and only those: shaped ``normalized_shape`` (scalars: one element), on x's
+    device."""
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            _check_tensor(name, t, x.device)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {tuple(t.shape)}")
+    affine = getattr(spec, "elementwise_affine", False)
+    if weight is not None and not affine:
+        raise ValueError(f"weight: the spec ({spec.kind}) has no weight (elementwise_affine=False), got a tensor")
+    if bias is not None and not (affine and getattr(spec, "bias", False)):
+        raise ValueError(f"bias: not allowed with this spec ({spec.kind}, bias disabled), got a tensor")
+    wanted = {"dyt": ("alpha",), "derf": ("alpha", "shift")}.get(spec.kind, ())
+    for name, t in (("alpha", alpha), ("shift", shift)):
+        if name in wanted and t is None:
+            raise ValueError(f"{name}: required by norm kind {spec.kind!r} (a one-element tensor)")
+        if name not in wanted and t is not None:
+            raise ValueError(f"{name}: norm kind {spec.kind!r} has no {name}, got a tensor")
+        if t is not None:
+            _check_tensor(name, t, x.device)
+            if t.numel() != 1:
+                raise ValueError(f"{name}: expected a one-element tensor, got shape {tuple(t.shape)}")
+
+
+def _prepare(spec, x, residual, weight, bias, normalized_shape, alpha, shift, out_dtype, max_block_n, kinds=_ADD_KINDS):
+    """Every check of a validated entry point; returns ``(spec, n, group_size, others, plan options)``."""
+    spec = _resolve_spec(spec, kinds)
+    _check_tensor("x", x)
+    reason = device_unavailable_reason(x)
+    if reason is not None:
+        raise ValueError(reason)
+    shape = _normalized_shape(x, weight, normalized_shape)
+    if residual is not None:
+        _check_tensor("residual", residual, x.device)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)}")
+    _check_parameters(spec, x, shape, weight, bias, alpha, shift)
+    if out_dtype is not None and out_dtype not in KERNEL_DTYPES:
+        raise TypeError(f"out_dtype must be {_DTYPE_NAMES} or None, got {out_dtype}")
+    n = math.prod(shape)
+    group_size = LF.resolve_group_size(getattr(spec, "group_size", None), getattr(spec, "per_head", False), shape)
+    others = tuple((name, t) for name, t in (("alpha", alpha), ("shift", shift)) if t is not None)
+    if any(is_dtensor(t) for t in (x, residual, weight, bias, alpha, shift)):
+        params = (("weight", weight), ("bias", bias), *others)
+        reason = sharding_unavailable_reason(x, residual, params, n)
+        if reason is not None:
+            raise ValueError(f"the fused kernels cannot run this DTensor call: {reason}")
+    return spec, n, group_size, others, _check_max_block_n(max_block_n)
+
+
 def fused_add_norm(
     x: Tensor,
     residual: Tensor | None = None,
@@ -217,21 +170,24 @@ def fused_add_norm(
     out_dtype: torch.dtype | None = None,
     inplace_backward: bool = False,
     max_block_n: int | None = None,
+    alpha: Tensor | None = None,
+    shift: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """LayerNorm or RMSNorm of ``dropout(x) + residual`` in one Triton kernel, forward and backward.
+    """A norm of ``dropout(x) + residual`` in one Triton kernel, forward and backward.
 
     Returns ``y`` without a residual, else ``(y, new_residual)`` with ``new_residual = dropout(x) + residual`` (fp32
     when ``spec.residual_in_fp32``, else type promotion) and ``y = norm(new_residual)`` computed on the rounded new
     residual: the pre-norm block's hot path (flash-attn's ``layer_norm_fn(prenorm=True)``). Without dropout the
     results are those of ``lnblocks.norms`` modules with the same spec (eager), up to fp32 reduction order.
 
-    - ``spec``: a ``LayerNormSpec``/``RMSNormSpec``, kind/preset name or config dict (default ``LayerNormSpec()``);
-      its eps, zero-centred weight (``1 + w`` in fp32), HF cast order and ``residual_in_fp32`` apply.
+    - ``spec``: a spec of kind ``layernorm``, ``rmsnorm``, ``l2norm``, ``dyt`` or ``derf``, a kind/preset name or a
+      config dict (default ``LayerNormSpec()``); its eps, zero-centred weight, HF cast order, groups
+      (``group_size``/``per_head``), ``memory_efficient`` and ``residual_in_fp32`` apply.
     - ``weight``/``bias``: optional, shaped ``normalized_shape`` (default: the weight's shape, else ``x.shape[-1:]``),
-      fp32 or half; gradients come back in their dtypes.
+      fp32 or half; gradients come back in their dtypes. ``alpha`` (DyT, Derf), ``shift`` (Derf): one-element tensors.
     - ``dropout_p``: dropout on ``x`` (the branch output) before the add, scaled by ``1 / (1 - p)``; the mask is a
       function of ``seed`` (int, one-element int tensor, or None = drawn from torch's generator) and the element's
-      (row, column), recomputed in the backward. See ``dropout_mask``.
+      (row, column), recomputed in the backward. See ``dropout_mask``. Not with grouped statistics.
     - ``out_dtype``: dtype of ``y`` (default: what the eager module returns).
     - ``inplace_backward``: write dx into the incoming gradient of ``y`` to save memory. Only safe when nothing
       else reads that gradient (Liger#370: it corrupted Gemma2), hence off by default.
@@ -241,36 +197,15 @@ def fused_add_norm(
     ``docs/kernels.md``. Double backward (``create_graph=True``) is supported: the gradient's graph is built through
     the reference math.
     """
-    spec = _resolve_spec(spec)
-    _check_tensor("x", x)
-    reason = device_unavailable_reason(x)
-    if reason is not None:
-        raise ValueError(reason)
-    shape = _normalized_shape(x, weight, normalized_shape)
-    if residual is not None:
-        _check_tensor("residual", residual, x.device)
-        if residual.shape != x.shape:
-            raise ValueError(f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)}")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None:
-            _check_tensor(name, t, x.device)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {tuple(t.shape)}")
-    if weight is not None and not spec.elementwise_affine:
-        raise ValueError("weight: the spec has elementwise_affine=False, so no weight may be passed")
-    if bias is not None and (spec.kind == "rmsnorm" or not spec.elementwise_affine or not spec.bias):
-        raise ValueError(f"bias: not allowed with this spec ({spec.kind}, bias disabled), got a tensor")
+    spec, n, group_size, others, max_block_n = _prepare(
+        spec, x, residual, weight, bias, normalized_shape, alpha, shift, out_dtype, max_block_n
+    )
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
-    if out_dtype is not None and out_dtype not in KERNEL_DTYPES:
-        raise TypeError(f"out_dtype must be {_DTYPE_NAMES} or None, got {out_dtype}")
+    if dropout_p > 0 and group_size is not None:
+        raise ValueError("dropout_p: not with grouped statistics (group_size / per_head); dropout x first")
     if not isinstance(inplace_backward, bool):
         raise TypeError(f"inplace_backward must be a bool, got {type(inplace_backward).__name__}")
-    n = math.prod(shape)
-    if any(is_dtensor(t) for t in (x, residual, weight, bias)):
-        reason = sharding_unavailable_reason(x, residual, (("weight", weight), ("bias", bias)), n)
-        if reason is not None:
-            raise ValueError(f"the fused kernels cannot run this DTensor call: {reason}")
     plan = make_plan(
         spec,
         x.dtype,
@@ -278,11 +213,78 @@ def fused_add_norm(
         None if weight is None else weight.dtype,
         out_dtype,
         float(dropout_p),
-        _check_max_block_n(max_block_n),
+        max_block_n,
         inplace_backward,
+        group_size=group_size,
     )
     seed_t = _seed_tensor(seed, x.device) if dropout_p > 0 else None
-    return run_fused(plan, x, residual, weight, bias, n, seed_t)
+    return run_fused(plan, x, residual, weight, bias, n, others, seed_t)
+
+
+def fused_norm_then_add(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    spec: NormSpec | str | dict[str, Any] | None = None,
+    *,
+    normalized_shape: int | Sequence[int] | None = None,
+    out_dtype: torch.dtype | None = None,
+    return_normed: bool = False,
+    max_block_n: int | None = None,
+    alpha: Tensor | None = None,
+    shift: Tensor | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``residual + norm(x)`` in one Triton kernel, forward and backward: the post-norm residual update of OLMo 2's
+    layers and Gemma 2/3's post-norms (``Norm.norm_then_add`` is the module form).
+
+    Returns the new residual (``y + residual`` with y rounded to its dtype first, fp32 with
+    ``spec.residual_in_fp32``); ``return_normed=True`` also writes y and returns ``(y, new_residual)``. Without it y
+    is never written (nothing else reads it in those layers). The other arguments are ``fused_add_norm``'s. The
+    backward saves x (not y: there is none), whatever ``spec.memory_efficient`` says.
+    """
+    if not isinstance(residual, Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    if not isinstance(return_normed, bool):
+        raise TypeError(f"return_normed must be a bool, got {type(return_normed).__name__}")
+    spec, n, group_size, others, max_block_n = _prepare(
+        spec, x, residual, weight, bias, normalized_shape, alpha, shift, out_dtype, max_block_n
+    )
+    plan = make_plan(
+        spec, x.dtype, residual.dtype, None if weight is None else weight.dtype, out_dtype, 0.0, max_block_n,
+        group_size=group_size, norm_then_add=True, write_y=return_normed,
+    )  # fmt: skip
+    out = run_fused(plan, x, residual, weight, bias, n, others)
+    return out if return_normed else out[1]
+
+
+def fused_gated_rms_norm(
+    x: Tensor,
+    gate: Tensor | None,
+    weight: Tensor | None = None,
+    spec: GatedRMSNormSpec | str | dict[str, Any] | None = None,
+    *,
+    normalized_shape: int | Sequence[int] | None = None,
+    out_dtype: torch.dtype | None = None,
+    max_block_n: int | None = None,
+) -> Tensor:
+    """The gated RMSNorm (``GatedRMSNormSpec``: the gate before or after the norm, silu or sigmoid, groups) in one
+    Triton kernel, forward and backward (the gate's gradient too). ``gate``: x's shape, or None (no gate)."""
+    spec, n, group_size, _, max_block_n = _prepare(
+        "mamba2_gated" if spec is None else spec, x, None, weight, None, normalized_shape, None, None, out_dtype,
+        max_block_n, kinds=("gated_rmsnorm",),
+    )  # fmt: skip
+    if gate is not None:
+        _check_tensor("gate", gate, x.device)
+        if gate.shape != x.shape:
+            raise ValueError(f"gate: expected the shape of x {tuple(x.shape)}, got {tuple(gate.shape)}")
+        if is_dtensor(gate) != is_dtensor(x):
+            raise ValueError("gate and x must both be DTensors or both plain tensors")
+    plan = make_plan(
+        spec, x.dtype, None, None if weight is None else weight.dtype, out_dtype, 0.0, max_block_n,
+        group_size=group_size,
+    )  # fmt: skip
+    return run_fused(plan, x, None, weight, None, n, gate=gate)
 
 
 def dropout_mask(seed: int | Tensor, shape: tuple[int, int], p: float, device: torch.device | str = "cuda") -> Tensor:

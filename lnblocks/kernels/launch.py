@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -163,28 +163,41 @@ def interpreter_rne() -> bool:
 
 
 # ---- forward -------------------------------------------------------------------------------------------------------
+def groups_of(plan: NormPlan, n: int) -> tuple[int, int]:
+    """``(groups, group_size)`` of rows of ``n`` elements: the kernels' second grid axis and their ``N``."""
+    size = plan.group_size or n
+    return n // size, size
+
+
 # fmt: off
 def fwd_kernel_args(
     plan: NormPlan, x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
-    seed: Tensor | None, y: Tensor, res: Tensor | None, mean: Tensor | None, rstd: Tensor,
-) -> tuple[tuple[int], dict[str, Any]]:
+    seed: Tensor | None, y: Tensor, res: Tensor | None, mean: Tensor | None, rstd: Tensor | None, *,
+    gate: Tensor | None = None, alpha: Tensor | None = None, shift: Tensor | None = None,
+) -> tuple[tuple[int, int], dict[str, Any]]:
     """Grid and keyword arguments of ``norm_fwd_kernel`` (compiled ahead of time by benchmarks/kernel_resources.py)."""
     m, n = x.shape
-    cfg = fwd_config(n, plan.max_block_n)
-    z_dtype = res.dtype if res is not None else x.dtype
+    groups, size = groups_of(plan, n)
+    cfg = fwd_config(size, plan.max_block_n)
+    z_dtype = res.dtype if res is not None and not plan.norm_then_add else x.dtype
     p = plan.dropout_p
+    has_res = residual is not None
     kwargs = dict(
-        X=x, R=residual, W=weight, B=bias, SEED=seed, Y=y, RES=res, MEAN=mean, RSTD=rstd,
-        stride_xm=row_stride(x), stride_rm=row_stride(residual), stride_ym=row_stride(y), stride_resm=row_stride(res),
-        M=m, N=n, eps=plan.eps, dropout_p=p, dropout_scale=1.0 / (1.0 - p),
-        IS_RMS=plan.is_rms, HAS_RES=residual is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        ZERO_CENTERED=plan.zero_centered, HAS_DROPOUT=p > 0, ROUND_MODE=plan.round_mode,
+        X=x, R=residual, W=weight, B=bias, SEED=seed, Y=y, RES=res, MEAN=mean, RSTD=rstd, GATE=gate, ALPHA=alpha,
+        SHIFT=shift, stride_xm=row_stride(x), stride_rm=row_stride(residual), stride_ym=row_stride(y),
+        stride_resm=row_stride(res), stride_gm=row_stride(gate),
+        M=m, N=size, G=groups, eps=plan.eps, dropout_p=p, dropout_scale=1.0 / (1.0 - p),
+        IS_RMS=plan.is_rms, HAS_RES=has_res, HAS_W=weight is not None, HAS_B=bias is not None,
+        ZERO_CENTERED=plan.zero_centered_mode, HAS_DROPOUT=p > 0, ROUND_MODE=plan.round_mode,
         Z_DTYPE=tl_dtype(z_dtype), W_DTYPE=tl_dtype(weight.dtype if weight is not None else z_dtype),
-        Y_DTYPE=tl_dtype(y.dtype), RNE=interpreter_rne(),
+        Y_DTYPE=tl_dtype(plan.out_dtype), RNE=interpreter_rne(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE_BLOCK=cfg.single_block, num_warps=cfg.num_warps,
-        maxnreg=cfg.max_registers,
+        maxnreg=cfg.max_registers, POINTWISE=plan.pointwise, L2_SUM=plan.l2_sum, GROUPED=groups > 1,
+        GATE_MODE=plan.gate_mode if gate is not None else 0, GATE_ACT=int(plan.activation == "sigmoid"),
+        ROUND_PRODUCT=plan.round_product, NORM_THEN_ADD=plan.norm_then_add and has_res,
+        WRITE_Y=plan.write_y, RES_DTYPE=tl_dtype(res.dtype if res is not None else z_dtype),
     )
-    return (triton.cdiv(m, cfg.block_m),), kwargs
+    return (triton.cdiv(m, cfg.block_m), groups), kwargs
 # fmt: on
 
 
@@ -195,91 +208,149 @@ def launch_forward(
     weight: Tensor | None,  # (N,)
     bias: Tensor | None,  # (N,)
     seed: Tensor | None,  # (1,) int64, with dropout
+    *,
+    gate: Tensor | None = None,  # (M, N), gated RMSNorm
+    alpha: Tensor | None = None,  # (1,), DyT / Derf
+    shift: Tensor | None = None,  # (1,), Derf
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Run the forward; returns ``(y, new_residual, mean, rstd)``, the absent ones as empty tensors.
 
-    ``new_residual = dropout(x) + residual`` in ``plan.norm_dtype``; ``y = norm(new_residual)`` (or
-    ``norm(dropout(x))`` without a residual) in ``plan.out_dtype``; mean (LayerNorm only) and rstd: fp32, one per row.
+    ``new_residual = dropout(x) + residual`` in ``plan.norm_dtype`` (norm-then-add: ``residual + y`` in
+    ``plan.stream_dtype``); ``y = norm(new_residual)`` (or ``norm(dropout(x))``) in ``plan.out_dtype``, empty when
+    ``plan.write_y`` is off; mean (LayerNorm only) and rstd: fp32, one per row and group (none for DyT/Derf).
     """
     m, n = x.shape
+    groups, _ = groups_of(plan, n)
     has_res = residual is not None
-    y = _empty((m, n), plan.out_dtype, x.device)
-    res = _empty((m, n) if has_res else (0,), plan.norm_dtype, x.device)
-    mean = _empty((m if not plan.is_rms else 0,), torch.float32, x.device)
-    rstd = _empty((m,), torch.float32, x.device)
+    stats = 0 if plan.pointwise else m * groups
+    y = _empty((m, n) if plan.write_y else (0,), plan.out_dtype, x.device)
+    res = _empty((m, n) if has_res else (0,), plan.stream_dtype, x.device)
+    mean = _empty((stats if not plan.is_rms else 0,), torch.float32, x.device)
+    rstd = _empty((stats,), torch.float32, x.device)
     if m > 0:
         grid, kwargs = fwd_kernel_args(
-            plan, x, residual, weight, bias, seed, y, res if has_res else None, None if plan.is_rms else mean, rstd
-        )
+            plan, x, residual, weight, bias, seed, y, res if has_res else None, None if plan.is_rms else mean,
+            None if plan.pointwise else rstd, gate=gate, alpha=alpha, shift=shift,
+        )  # fmt: skip
         norm_fwd_kernel[grid](**kwargs)
     return y, res, mean, rstd
 
 
 # ---- backward ------------------------------------------------------------------------------------------------------
+class Grads(NamedTuple):
+    """What ``launch_backward`` returns: fp32 dweight/dbias/dalpha/dshift sums, the others in their operands'
+    dtypes; the ones not asked for are empty tensors."""
+
+    dx: Tensor
+    dresidual: Tensor
+    dweight: Tensor
+    dbias: Tensor
+    dgate: Tensor
+    dalpha: Tensor
+    dshift: Tensor
+
+
 # fmt: off
 def bwd_kernel_args(
-    plan: NormPlan, dy: Tensor, dres_out: Tensor | None, z: Tensor, weight: Tensor | None, seed: Tensor | None,
-    mean: Tensor | None, rstd: Tensor, dx: Tensor, dres: Tensor | None, dw_part: Tensor | None,
-    db_part: Tensor | None, *, rows_per_program: int, cfg: LaunchConfig,
+    plan: NormPlan, dy: Tensor | None, dres_out: Tensor | None, z: Tensor, weight: Tensor | None,
+    seed: Tensor | None, mean: Tensor | None, rstd: Tensor | None, dx: Tensor, dres: Tensor | None,
+    dw_part: Tensor | None, db_part: Tensor | None, *, rows_per_program: int, cfg: LaunchConfig,
+    bias: Tensor | None = None, gate: Tensor | None = None, dgate: Tensor | None = None,
+    alpha: Tensor | None = None, shift: Tensor | None = None, dalpha_part: Tensor | None = None,
+    dshift_part: Tensor | None = None, from_output: bool = False, has_db: bool | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``norm_bwd_kernel`` (compiled ahead of time by benchmarks/kernel_resources.py)."""
     m, n = z.shape
+    groups, size = groups_of(plan, n)
     p = plan.dropout_p
+    gated = gate is not None
     return dict(
-        Z=z, W=weight, SEED=seed, MEAN=mean, RSTD=rstd, DY=dy, DRES_OUT=dres_out, DX=dx, DRES=dres, DW=dw_part,
-        DB=db_part, stride_zm=row_stride(z), stride_dym=row_stride(dy), stride_drom=row_stride(dres_out),
-        stride_dxm=row_stride(dx), stride_dresm=row_stride(dres),
-        M=m, N=n, rows_per_program=rows_per_program, dropout_p=p, dropout_scale=1.0 / (1.0 - p),
-        IS_RMS=plan.is_rms, HAS_W=weight is not None, ZERO_CENTERED=plan.zero_centered, HAS_DROPOUT=p > 0,
-        RECOMPUTE_DROPOUT=not plan.has_residual and p > 0, HAS_DRES_OUT=dres_out is not None,
-        STORE_DRES=dres is not None, COMPUTE_DW=dw_part is not None, COMPUTE_DB=db_part is not None,
-        ROUND_MODE=plan.round_mode, Z_DTYPE=tl_dtype(z.dtype),
+        Z=z, W=weight, B=bias if from_output else None, SEED=seed, MEAN=mean, RSTD=rstd, DY=dy, DRES_OUT=dres_out,
+        DX=dx, DRES=dres, DW=dw_part, DB=db_part, GATE=gate, DGATE=dgate, ALPHA=alpha, SHIFT=shift,
+        DALPHA=dalpha_part, DSHIFT=dshift_part, stride_zm=row_stride(z), stride_dym=row_stride(dy),
+        stride_drom=row_stride(dres_out), stride_dxm=row_stride(dx), stride_dresm=row_stride(dres),
+        stride_gm=row_stride(gate), stride_dgm=row_stride(dgate),
+        M=m, N=size, G=groups, rows_per_program=rows_per_program, dropout_p=p, dropout_scale=1.0 / (1.0 - p),
+        IS_RMS=plan.is_rms, HAS_W=weight is not None, ZERO_CENTERED=plan.zero_centered_mode, HAS_DROPOUT=p > 0,
+        RECOMPUTE_DROPOUT=not plan.has_residual and p > 0 and not from_output,
+        HAS_DRES_OUT=dres_out is not None, STORE_DRES=dres is not None, COMPUTE_DW=dw_part is not None,
+        COMPUTE_DB=db_part is not None, ROUND_MODE=plan.round_mode, Z_DTYPE=tl_dtype(_norm_input_dtype(plan)),
         W_DTYPE=tl_dtype(weight.dtype if weight is not None else z.dtype), DX_DTYPE=tl_dtype(dx.dtype),
         DRES_DTYPE=tl_dtype(dres.dtype if dres is not None else dx.dtype), RNE=interpreter_rne(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE_BLOCK=cfg.single_block, num_warps=cfg.num_warps,
-        maxnreg=cfg.max_registers,
+        maxnreg=cfg.max_registers, POINTWISE=plan.pointwise, L2_SUM=plan.l2_sum, GROUPED=groups > 1,
+        GATE_MODE=plan.gate_mode if gated else 0, GATE_ACT=int(plan.activation == "sigmoid"),
+        ROUND_PRODUCT=plan.round_product, NORM_THEN_ADD=plan.norm_then_add,
+        HAS_DY=dy is not None and dy.numel() > 0, FROM_OUTPUT=from_output,
+        HAS_B=from_output and bias is not None, STORE_DGATE=dgate is not None,
+        COMPUTE_DSCALARS=dalpha_part is not None, Y_DTYPE=tl_dtype(plan.out_dtype),
+        DG_DTYPE=tl_dtype(dgate.dtype if dgate is not None else dx.dtype),
     )
 # fmt: on
 
 
+def _norm_input_dtype(plan: NormPlan) -> torch.dtype:
+    """Dtype of the tensor the norm normalised (the rounding ``ROUND_TO_INPUT`` reproduces)."""
+    return plan.norm_dtype
+
+
 def launch_backward(
     plan: NormPlan,
-    dy: Tensor,  # (M, N), gradient of y
+    dy: Tensor | None,  # (M, N), gradient of y (None or empty: y unused, norm-then-add only)
     dres_out: Tensor | None,  # (M, N), gradient of the new residual (None: unused downstream)
-    z: Tensor,  # (M, N), the saved norm input: the new residual, or x when there was no residual
+    z: Tensor,  # (M, N), the saved tensor: the norm's input (x or the new residual), or y (memory-efficient)
     weight: Tensor | None,  # (N,)
     seed: Tensor | None,
-    mean: Tensor,  # (M,) fp32, empty for RMSNorm
-    rstd: Tensor,  # (M,) fp32
+    mean: Tensor,  # (M * groups,) fp32, empty for RMSNorm and the point-wise kinds
+    rstd: Tensor,  # (M * groups,) fp32, empty for the point-wise kinds
     compute_dw: bool,
     compute_db: bool,
     dx_out: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Run the backward; returns ``(dx, dresidual, dweight, dbias)``, the ones not asked for as empty tensors.
+    *,
+    bias: Tensor | None = None,  # (N,), read only by the memory-efficient backward
+    gate: Tensor | None = None,  # (M, N)
+    alpha: Tensor | None = None,
+    shift: Tensor | None = None,
+    compute_dgate: bool = False,
+    compute_dscalars: bool = False,
+) -> Grads:
+    """Run the backward (see ``Grads``).
 
     ``dresidual`` (in the residual's dtype) is written only when ``plan.separate_dresidual``; otherwise the caller
-    reuses dx. ``dweight``/``dbias`` are fp32. ``dx_out``: where to write dx (``dy`` itself for the opt-in in-place
-    backward).
+    reuses dx (norm-then-add: the new residual's gradient itself). ``dx_out``: where to write dx (``dy`` itself for
+    the opt-in in-place backward). ``plan.memory_efficient``: ``z`` is the saved output y.
     """
     m, n = z.shape
     dev = z.device
+    groups, size = groups_of(plan, n)
     separate = plan.separate_dresidual
     dx = dx_out if dx_out is not None else _empty((m, n), plan.x_dtype, dev)
     dres = _empty((m, n) if separate else (0,), plan.residual_dtype if separate else plan.x_dtype, dev)
-    cfg = bwd_config(n, plan.max_block_n, plan.dropout_p > 0)
+    dgate = _empty((m, n) if compute_dgate else (0,), gate.dtype if gate is not None else plan.x_dtype, dev)
+    cfg = bwd_config(size, plan.max_block_n, plan.dropout_p > 0)
     programs, rows_per_program = bwd_grid(m, cfg, dev)
-    dw_part = _empty((programs, n) if compute_dw else (0,), torch.float32, dev)
-    db_part = _empty((programs, n) if compute_db else (0,), torch.float32, dev)
-    if m == 0:  # no rows: zero gradients for the weight and bias
+    dw_part = _empty((groups * programs, size) if compute_dw else (0,), torch.float32, dev)
+    db_part = _empty((groups * programs, size) if compute_db else (0,), torch.float32, dev)
+    scalar_parts = [_empty((programs,) if compute_dscalars and (k == 0 or plan.pointwise == 2) else (0,),
+                           torch.float32, dev) for k in range(2)]  # fmt: skip
+    if m == 0:  # no rows: zero gradients for the parameters
         dw, db = (dw_part.new_zeros((n,) if flag else (0,)) for flag in (compute_dw, compute_db))
-        return dx, dres, dw, db
+        da, ds = (t.new_zeros((1,) if t.numel() else (0,)) for t in scalar_parts)
+        return Grads(dx, dres, dw, db, dgate, da, ds)
     kwargs = bwd_kernel_args(
-        plan, dy, dres_out, z, weight, seed, None if plan.is_rms else mean, rstd, dx, dres if separate else None,
-        dw_part if compute_dw else None, db_part if compute_db else None, rows_per_program=rows_per_program, cfg=cfg,
+        plan, dy, dres_out, z, weight, seed, None if plan.is_rms else mean, None if plan.pointwise else rstd, dx,
+        dres if separate else None, dw_part if compute_dw else None, db_part if compute_db else None,
+        rows_per_program=rows_per_program, cfg=cfg, bias=bias, gate=gate, dgate=dgate if compute_dgate else None,
+        alpha=alpha, shift=shift, dalpha_part=scalar_parts[0] if compute_dscalars else None,
+        dshift_part=scalar_parts[1] if compute_dscalars and plan.pointwise == 2 else None,
+        from_output=plan.memory_efficient,
     )  # fmt: skip
-    norm_bwd_kernel[(programs,)](**kwargs)
+    norm_bwd_kernel[(programs, groups)](**kwargs)
     # Fixed-order reduction of the per-program partials: deterministic run to run.
-    return dx, dres, dw_part.sum(0) if compute_dw else dw_part, db_part.sum(0) if compute_db else db_part
+    dw = dw_part.view(groups, programs, size).sum(1).view(n) if compute_dw else dw_part
+    db = db_part.view(groups, programs, size).sum(1).view(n) if compute_db else db_part
+    da, ds = (t.sum().view(1) if t.numel() else t for t in scalar_parts)
+    return Grads(dx, dres, dw, db, dgate, da, ds)
 
 
 # ---- dropout keep-mask ---------------------------------------------------------------------------------------------

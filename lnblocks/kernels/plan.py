@@ -25,11 +25,11 @@ import torch
 from torch import Tensor
 
 from lnblocks.norms import functional as LF
-from lnblocks.norms.spec import LayerNormSpec, NormSpec, RMSNormSpec
+from lnblocks.norms.spec import NormSpec
 
 # ---- the support rule ----------------------------------------------------------------------------------------------
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-FUSED_KINDS = ("layernorm", "rmsnorm")
+FUSED_KINDS = ("layernorm", "rmsnorm", "l2norm", "gated_rmsnorm", "dyt", "derf")
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # a file-system lookup, no import
 _PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
@@ -68,7 +68,8 @@ def sharding_unavailable_reason(
     """Why the kernels cannot run a call with DTensor operands on each rank's local rows (None when they can).
 
     They can when every row is whole on one rank: ``x`` sharded on leading (batch or sequence) dims or replicated,
-    ``n`` = elements per row, the parameters replicated on x's mesh and the residual a DTensor on that mesh. An input
+    ``n`` = elements per row, the parameters replicated on x's mesh and the residual (and a gate, passed among
+    ``parameters``) a DTensor on that mesh. An input
     sharded on a normalised dim is refused rather than gathered (the statistics would need an all-reduce the kernels
     do not do); so is a ``Partial`` (pending-sum) input, which must be reduced before a non-linear op.
     """
@@ -103,7 +104,7 @@ def sharding_unavailable_reason(
             )
         if t.device_mesh != mesh:
             return f"{label} is on another device mesh than x ({t.device_mesh} vs {mesh})"
-        if label != "residual" and not all(p.is_replicate() for p in t.placements):
+        if label not in ("residual", "gate") and not all(p.is_replicate() for p in t.placements):
             return (
                 f"{label} has placements {tuple(t.placements)}: a norm's parameters must be replicated where it runs "
                 "(FSDP2 gathers them in the module's __call__; under tensor parallelism use SequenceParallel)"
@@ -156,6 +157,9 @@ def unavailable_reason(
 # ---- the plan ------------------------------------------------------------------------------------------------------
 
 _HALF = (torch.float16, torch.bfloat16)
+_RMS_KINDS = ("rmsnorm", "l2norm", "gated_rmsnorm")
+_POINTWISE = {"dyt": 1, "derf": 2}  # the kernels' POINTWISE constexpr: tanh, erf
+_GATE_MODES = {"none": 0, "before": 1, "after": 2}
 
 # How x_hat is rounded before the weight multiply (the HF cast orders): none, to the norm input's dtype
 # (``LlamaRMSNorm``), or to a half-precision weight's dtype (``T5LayerNorm``).
@@ -164,15 +168,20 @@ ROUND_NONE, ROUND_TO_INPUT, ROUND_TO_WEIGHT = 0, 1, 2
 
 @dataclass(frozen=True)
 class NormPlan:
-    """The non-tensor arguments of one fused call (its tensors: x, residual, weight, bias, seed).
+    """The non-tensor arguments of one fused call (its tensors: x, residual, weight, bias, seed, gate, alpha, shift).
 
-    ``eps``: the number added to the variance (already resolved). ``cast``: the RMSNorm cast order (``"fp32"`` for
-    LayerNorm). ``x_dtype``/``residual_dtype``/``weight_dtype``: the operands' dtypes (None: absent), which fix the
-    gradients' dtypes. ``out_dtype``: dtype of ``y``. ``max_block_n``: widest row held in registers (0: the
-    heuristic's choice). ``inplace_backward``: write dx into the incoming gradient of ``y``.
+    ``kind``: the spec's kind. ``eps``: the number added to the variance (already resolved). ``cast``: the cast order
+    (``"fp32"`` where the kind has none; ``"nemotron"``: ``1 + w`` rounded to the weight's dtype).
+    ``x_dtype``/``residual_dtype``/``weight_dtype``: the operands' dtypes (None: absent), which fix the gradients'
+    dtypes. ``out_dtype``: dtype of ``y``. ``max_block_n``: widest row held in registers (0: the heuristic's choice).
+    ``inplace_backward``: write dx into the incoming gradient of ``y``. ``group_size``: statistics over groups of that
+    many elements (0: the whole row). ``gate_position``: ``"none"``, ``"before"`` or ``"after"`` the norm, ``activation`` its
+    function. ``l2_sum``: the sum of squares instead of their mean (``l2norm(reduction="sum")``). ``norm_then_add``:
+    the residual is added after the norm (``residual + norm(x)``), ``write_y`` whether y itself is written.
+    ``memory_efficient``: the backward rebuilds x_hat from the saved output.
     """
 
-    is_rms: bool
+    kind: str
     eps: float
     zero_centered: bool
     cast: str
@@ -184,6 +193,26 @@ class NormPlan:
     out_dtype: torch.dtype
     max_block_n: int
     inplace_backward: bool
+    group_size: int = 0
+    gate_position: str = "none"
+    activation: str = "silu"
+    l2_sum: bool = False
+    norm_then_add: bool = False
+    write_y: bool = True
+    memory_efficient: bool = False
+
+    @property
+    def is_rms(self) -> bool:
+        """RMS statistics (no mean); the point-wise kinds have no statistics and no mean either."""
+        return self.kind in _RMS_KINDS or self.pointwise > 0
+
+    @property
+    def pointwise(self) -> int:
+        return _POINTWISE.get(self.kind, 0)
+
+    @property
+    def gate_mode(self) -> int:
+        return _GATE_MODES[self.gate_position]
 
     @property
     def has_residual(self) -> bool:
@@ -191,14 +220,21 @@ class NormPlan:
 
     @property
     def norm_dtype(self) -> torch.dtype:
-        """Dtype of the tensor the norm sees: the new residual, or x."""
-        if self.residual_dtype is None:
+        """Dtype of the tensor the norm sees: the new residual, or x (also with the residual added after it)."""
+        if self.residual_dtype is None or self.norm_then_add:
             return self.x_dtype
         return LF.new_residual_dtype(self.x_dtype, self.residual_dtype, self.residual_in_fp32)
 
     @property
+    def stream_dtype(self) -> torch.dtype:
+        """Dtype of the new residual: ``x + residual`` before the norm, ``y + residual`` after it."""
+        if self.residual_dtype is None or not self.norm_then_add:
+            return self.norm_dtype
+        return LF.new_residual_dtype(self.out_dtype, self.residual_dtype, self.residual_in_fp32)
+
+    @property
     def round_mode(self) -> int:
-        if self.is_rms and self.weight_dtype is not None:
+        if self.is_rms and self.weight_dtype is not None and not self.pointwise:
             if self.cast == "llama" and self.norm_dtype != torch.float32:
                 return ROUND_TO_INPUT
             if self.cast == "t5" and self.weight_dtype in _HALF:
@@ -206,9 +242,25 @@ class NormPlan:
         return ROUND_NONE
 
     @property
+    def round_product(self) -> bool:
+        """A gate after a Llama-order norm multiplies ``weight * h.to(dtype)``, rounded when that product is half."""
+        if self.gate_position != "after" or self.cast != "llama" or self.weight_dtype is None:
+            return False
+        return torch.promote_types(self.weight_dtype, self.x_dtype) == self.x_dtype and self.x_dtype in _HALF
+
+    @property
+    def zero_centered_mode(self) -> int:
+        """The kernels' ``ZERO_CENTERED``: 0 no, 1 ``1 + w`` in fp32, 2 rounded to the weight's dtype (Nemotron)."""
+        if not self.zero_centered:
+            return 0
+        return 2 if self.cast == "nemotron" else 1
+
+    @property
     def separate_dresidual(self) -> bool:
         """dresidual differs from dx (dropout between them, or another dtype): the backward writes it."""
-        return self.residual_dtype is not None and (self.dropout_p > 0 or self.residual_dtype != self.x_dtype)
+        if self.residual_dtype is None or self.norm_then_add:
+            return False
+        return self.dropout_p > 0 or self.residual_dtype != self.x_dtype
 
     def op_args(self) -> tuple:
         """The fields in schema order: the scalar tail of the custom ops' arguments."""
@@ -227,7 +279,7 @@ _SCHEMA_TYPES = {
 
 
 def schema_args() -> str:
-    """``NormPlan``'s fields as custom-op schema arguments (``"bool is_rms, float eps, ..."``)."""
+    """``NormPlan``'s fields as custom-op schema arguments (``"str kind, float eps, ..."``)."""
     return ", ".join(f"{_SCHEMA_TYPES[f.type]} {f.name}" for f in dataclasses.fields(NormPlan))
 
 
@@ -238,7 +290,7 @@ def plan_from_op_args(*args) -> NormPlan:
 
 
 def make_plan(
-    spec: LayerNormSpec | RMSNormSpec,
+    spec: NormSpec,
     x_dtype: torch.dtype,
     residual_dtype: torch.dtype | None,
     weight_dtype: torch.dtype | None,
@@ -246,38 +298,74 @@ def make_plan(
     dropout_p: float = 0.0,
     max_block_n: int = 0,
     inplace_backward: bool = False,
+    *,
+    group_size: int | None = None,
+    norm_then_add: bool = False,
+    write_y: bool = True,
 ) -> NormPlan:
     """The plan of a call with these operand dtypes; ``out_dtype=None`` picks what the eager module returns.
 
-    Cached (a module plans once per operand dtypes), except while torch.compile traces: dynamo traces the body.
+    ``group_size``: the module's resolved group size (None: the whole row). A gated spec plans the call with its gate
+    (``without_gate`` gives the gate-less call's). ``norm_then_add``: ``residual + norm(x)``, y written only with
+    ``write_y``. Cached (a module plans once per operand dtypes), except while torch.compile traces: dynamo traces
+    the body.
     """
     build = _build_plan if torch.compiler.is_compiling() else _cached_plan
-    return build(spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward)
+    return build(
+        spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward,
+        group_size, norm_then_add, write_y,
+    )  # fmt: skip
 
 
-def _build_plan(spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward):
-    is_rms = spec.kind == "rmsnorm"
-    cast = spec.cast if is_rms else "fp32"
+def _build_plan(
+    spec, x_dtype, residual_dtype, weight_dtype, out_dtype, dropout_p, max_block_n, inplace_backward, group_size,
+    norm_then_add, write_y,
+):  # fmt: skip
+    kind = spec.kind
+    cast = getattr(spec, "cast", "fp32")
     norm_dtype = x_dtype  # what the norm sees: x, or the new residual
-    if residual_dtype is not None:
+    if residual_dtype is not None and not norm_then_add:
         norm_dtype = LF.new_residual_dtype(x_dtype, residual_dtype, spec.residual_in_fp32)
     # with residual_in_fp32 the fp32 stream does not change what the branch sees: y takes the dtype norm(x) has
     branch_dtype = x_dtype if spec.residual_in_fp32 else norm_dtype
+    gate = getattr(spec, "gate", "none")
+    if out_dtype is None:
+        out_dtype = LF.output_dtype(kind, cast, branch_dtype, weight_dtype, gate_after=gate == "after")
+    # RMSNorm's eps=None: machine epsilon of the dtype the norm computes in (the one rule, in the reference math)
+    eps = LF.resolve_rms_eps(spec.eps, norm_dtype) if kind == "rmsnorm" else getattr(spec, "eps", 0.0)
     return NormPlan(
-        is_rms=is_rms,
-        # RMSNorm's eps=None: machine epsilon of the dtype the norm computes in (the one rule, in the reference math)
-        eps=float(LF.resolve_rms_eps(spec.eps, norm_dtype) if is_rms else spec.eps),
-        zero_centered=spec.zero_centered,
+        kind=kind,
+        eps=float(eps),
+        zero_centered=getattr(spec, "zero_centered", False),
         cast=cast,
         residual_in_fp32=spec.residual_in_fp32,
         dropout_p=float(dropout_p),
         x_dtype=x_dtype,
         residual_dtype=residual_dtype,
         weight_dtype=weight_dtype,
-        out_dtype=LF.output_dtype(spec.kind, cast, branch_dtype, weight_dtype) if out_dtype is None else out_dtype,
+        out_dtype=out_dtype,
         max_block_n=int(max_block_n),
         inplace_backward=inplace_backward,
+        group_size=int(group_size or 0),
+        gate_position=gate,
+        activation=getattr(spec, "activation", "silu"),
+        l2_sum=getattr(spec, "reduction", "mean") == "sum",
+        norm_then_add=norm_then_add,
+        write_y=write_y or not norm_then_add,
+        memory_efficient=getattr(spec, "memory_efficient", False),
     )
 
 
 _cached_plan = functools.lru_cache(maxsize=1024)(_build_plan)
+
+
+@functools.lru_cache(maxsize=256)
+def without_gate(plan: NormPlan) -> NormPlan:
+    """The plan of a gated norm called without a gate (the grouped RMSNorm with the same cast order)."""
+    return dataclasses.replace(plan, gate_position="none")
+
+
+@functools.lru_cache(maxsize=256)
+def norm_then_add_plan(plan: NormPlan, residual_dtype: torch.dtype, write_y: bool) -> NormPlan:
+    """The plan of ``residual + norm(x)`` from the plan of ``norm(x)`` (same eps, weight and output dtypes)."""
+    return dataclasses.replace(plan, residual_dtype=residual_dtype, norm_then_add=True, write_y=write_y)

@@ -3,10 +3,14 @@ config base, ``lnblocks.config``."""
 
 from lnblocks.norms.build import build_norm
 from lnblocks.norms.families import MODEL_FAMILIES, ModelFamily
+from lnblocks.norms.kinds import Derf, GatedRMSNorm, L2Norm
 from lnblocks.norms.modules import DyT, LayerNorm, NoNorm, Norm, RMSNorm, ScaleNorm
 from lnblocks.norms.spec import (
     NORM_PRESETS,
+    DerfSpec,
     DyTSpec,
+    GatedRMSNormSpec,
+    L2NormSpec,
     LayerNormSpec,
     NoNormSpec,
     NormSpec,
@@ -19,8 +23,14 @@ from lnblocks.norms.spec import (
 __all__ = [
     "MODEL_FAMILIES",
     "NORM_PRESETS",
+    "Derf",
+    "DerfSpec",
     "DyT",
     "DyTSpec",
+    "GatedRMSNorm",
+    "GatedRMSNormSpec",
+    "L2Norm",
+    "L2NormSpec",
     "LayerNorm",
     "LayerNormSpec",
     "ModelFamily",

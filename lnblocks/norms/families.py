@@ -10,6 +10,10 @@ Each row is plain data (this module imports nothing), read by every package that
   Llama-shaped ones) to and from their ``transformers`` LM class ``hf_lm_class``, with ``norm`` as the block norm
   and the eps read from the HF config.
 
+Rows without ``model_types`` are norm presets only: the norms of a family's other roles (``llama4_qk``, the gated
+norms of the hybrid SSM families) and families ``lnblocks.hf`` does not map to a role layout yet; ``hf_norm_class``
+still names the HF class the preset reproduces.
+
 ``norm`` holds the norm class's default eps (``LlamaRMSNorm(..., eps=1e-6)``), or the config's default
 (``layer_norm_eps``) where the model builds a ``torch.nn.LayerNorm``. A model config may override it (``Olmo2Config``
 and ``Phi3Config`` default to ``rms_norm_eps=1e-5``); the patcher and the converter always read the live value.
@@ -41,6 +45,8 @@ class ModelFamily:
 _LN = "layernorm"
 _LLAMA_NORM = {"kind": "rmsnorm", "eps": 1e-6, "cast": "llama"}
 _GEMMA_NORM = {"kind": "rmsnorm", "eps": 1e-6, "cast": "fp32", "zero_centered": True}
+_MAMBA_GATED = {"kind": "gated_rmsnorm", "eps": 1e-6, "gate": "before", "activation": "silu", "cast": "llama"}
+_COHERE_LN = {"kind": _LN, "eps": 1e-5, "bias": False, "cast": "cohere"}
 _F = ModelFamily
 
 MODEL_FAMILIES: dict[str, ModelFamily] = {
@@ -84,6 +90,28 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
            model_types=("opt",), hf_norm_class=TORCH_LAYERNORM, roles="opt"),
         _F("falcon", {"kind": _LN, "eps": 1e-5},                           "Falcon (arXiv 2311.16867)",
            model_types=("falcon",), hf_norm_class=TORCH_LAYERNORM, roles="falcon"),
+        # the 2025-26 families: norm presets (with the HF class each reproduces), no role layout yet
+        _F("llama4", {**_LLAMA_NORM, "eps": 1e-5},                        "Llama 4 (Meta 2025)",
+           hf_norm_class="Llama4TextRMSNorm"),
+        _F("llama4_qk", {"kind": "l2norm", "eps": 1e-6},                  "Llama 4 qk-norm (Meta 2025)",
+           hf_norm_class="Llama4TextL2Norm"),
+        _F("nemotron", {"kind": _LN, "eps": 1e-5, "zero_centered": True, "cast": "nemotron"},
+           "Nemotron-4 (arXiv 2402.16819)", hf_norm_class="NemotronLayerNorm1P"),
+        _F("nemotron_h", {"kind": "rmsnorm", "eps": 1e-6, "cast": "fp32"}, "Nemotron-H (arXiv 2504.03624)",
+           hf_norm_class="NemotronHRMSNorm"),
+        _F("nemotron_h_gated", _MAMBA_GATED,                              "Nemotron-H mixer norm (arXiv 2504.03624)",
+           hf_norm_class="NemotronHRMSNormGated"),
+        _F("mamba2_gated", _MAMBA_GATED,                                  "Mamba-2 (arXiv 2405.21060)",
+           hf_norm_class="MambaRMSNormGated"),
+        _F("qwen3_next_gated", {**_MAMBA_GATED, "gate": "after"},         "Qwen3-Next gated DeltaNet norm (Qwen 2025)",
+           hf_norm_class="Qwen3NextRMSNormGated"),
+        _F("falcon_h1_gated", {**_MAMBA_GATED, "gate": "after", "cast": "fp32"}, "Falcon-H1 (arXiv 2507.22448)",
+           hf_norm_class="FalconH1RMSNormGated"),
+        _F("cohere", _COHERE_LN,                                          "Command R (Cohere 2024)",
+           hf_norm_class="CohereLayerNorm"),
+        _F("cohere_qk", {**_COHERE_LN, "per_head": True},                 "Command R qk-norm (Cohere 2024)",
+           hf_norm_class="CohereLayerNorm"),
+        _F("derf", {"kind": "derf"},                                      "Derf (arXiv 2512.10938)"),
         _F("te_layernorm", {"kind": _LN, "eps": 1e-5, "zero_centered": True},
            "TransformerEngine LayerNorm(zero_centered_gamma=True)"),
         _F("te_rmsnorm", {"kind": "rmsnorm", "eps": 1e-5, "zero_centered": True},

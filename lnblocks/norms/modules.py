@@ -21,6 +21,7 @@ from lnblocks.norms.spec import (
     Backend,
     CastMode,
     DyTSpec,
+    LayerNormCast,
     LayerNormSpec,
     NoNormSpec,
     NormSpec,
@@ -49,6 +50,7 @@ class Norm(nn.Module):
     _scalars: tuple[str, ...] = ()  # one-element tensors the math reads (DyT's alpha, ScaleNorm's scale)
     _fused_kernel: bool = False  # lnblocks.kernels runs this kind
     _row_blocks_on_cpu: bool = False  # multi-op eager math that gains from running over cache-sized row blocks
+    _group_size: int | None = None  # statistics over groups of this many elements (None: the whole row)
 
     def __init__(self, normalized_shape: int | Sequence[int] | None, spec: NormSpec) -> None:
         super().__init__()
@@ -102,6 +104,13 @@ class Norm(nn.Module):
     # less per forward; benchmarks/bench_norm_overhead.py)
     forward = routing.dispatch
 
+    def norm_then_add(self, x: Tensor, residual: Tensor, *, return_normed: bool = False) -> Tensor | tuple:
+        """``residual + norm(x)``, the new residual (OLMo 2's layers, Gemma 2/3's post-norms); with ``return_normed``
+        also ``norm(x)``: ``(y, residual + y)``. One fused kernel on the triton backend; see ``docs/norms.md``."""
+        from lnblocks.norms.post_add import norm_then_add  # (a separate module: the other call form's routing)
+
+        return norm_then_add(self, x, residual, return_normed=return_normed)
+
     # ---- the torch backend -------------------------------------------------------------------------------------
     def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
         """The reference-math function of this norm and its arguments after ``x`` (the tensors and eps the route
@@ -137,8 +146,9 @@ class Norm(nn.Module):
 class LayerNorm(Norm):
     """LayerNorm with ``torch.nn.LayerNorm``'s constructor meaning and ``state_dict`` keys (``weight``, ``bias``).
 
-    Extra keyword options: ``zero_centered`` (store ``w``, apply ``1 + w`` in fp32; TransformerEngine),
-    ``residual_in_fp32`` and ``backend`` (see ``NormSpec``).
+    Extra keyword options: ``zero_centered`` (store ``w``, apply ``1 + w`` in fp32; TransformerEngine), ``cast``
+    (the HF class whose rounding to reproduce: ``"cohere"``, ``"nemotron"``), ``group_size``/``per_head`` (statistics
+    per group / per head), ``memory_efficient``, ``residual_in_fp32`` and ``backend`` (see ``LayerNormSpec``).
     """
 
     spec: LayerNormSpec
@@ -153,6 +163,10 @@ class LayerNorm(Norm):
         bias: bool = True,
         *,
         zero_centered: bool = False,
+        cast: LayerNormCast = "fp32",
+        group_size: int | None = None,
+        per_head: bool = False,
+        memory_efficient: bool = False,
         residual_in_fp32: bool = False,
         backend: Backend = "auto",
         device: torch.device | str | None = None,
@@ -163,10 +177,15 @@ class LayerNorm(Norm):
             elementwise_affine=elementwise_affine,
             bias=bias,
             zero_centered=zero_centered,
+            cast=cast,
+            group_size=group_size,
+            per_head=per_head,
+            memory_efficient=memory_efficient,
             residual_in_fp32=residual_in_fp32,
             backend=backend,
         )
         super().__init__(normalized_shape, spec)
+        self._group_size = LF.resolve_group_size(group_size, per_head, self.normalized_shape)
         factory = {"device": device, "dtype": dtype}
         self._register_vector("weight", elementwise_affine, factory)
         self._register_vector("bias", elementwise_affine and bias, factory)
@@ -183,14 +202,17 @@ class LayerNorm(Norm):
             nn.init.zeros_(self.bias)
 
     def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
-        return LF._layer_norm, (self.normalized_shape, route.weight, route.bias, route.eps, self.spec.zero_centered)
+        s = self.spec
+        args = (self.normalized_shape, route.weight, route.bias, route.eps, s.zero_centered, s.cast, self._group_size)
+        return LF._layer_norm, args
 
 
 class RMSNorm(Norm):
     """RMSNorm with ``torch.nn.RMSNorm``'s constructor meaning and ``state_dict`` key (``weight``).
 
     ``cast`` selects the HF cast order (``"fp32"`` = torch/OLMo2/Gemma, ``"llama"``, ``"t5"``; see ``RMSNormSpec``);
-    ``zero_centered`` stores ``w`` and applies ``1 + w`` in fp32 (Gemma, TransformerEngine).
+    ``zero_centered`` stores ``w`` and applies ``1 + w`` in fp32 (Gemma, TransformerEngine); ``group_size``/
+    ``per_head``, ``memory_efficient``: as for ``LayerNorm``.
     """
 
     spec: RMSNormSpec
@@ -206,6 +228,9 @@ class RMSNorm(Norm):
         *,
         cast: CastMode = "fp32",
         zero_centered: bool = False,
+        group_size: int | None = None,
+        per_head: bool = False,
+        memory_efficient: bool = False,
         residual_in_fp32: bool = False,
         backend: Backend = "auto",
         device: torch.device | str | None = None,
@@ -216,10 +241,14 @@ class RMSNorm(Norm):
             elementwise_affine=elementwise_affine,
             cast=cast,
             zero_centered=zero_centered,
+            group_size=group_size,
+            per_head=per_head,
+            memory_efficient=memory_efficient,
             residual_in_fp32=residual_in_fp32,
             backend=backend,
         )
         super().__init__(normalized_shape, spec)
+        self._group_size = LF.resolve_group_size(group_size, per_head, self.normalized_shape)
         factory = {"device": device, "dtype": dtype}
         self._register_vector("weight", elementwise_affine, factory)
         self.reset_parameters()
@@ -239,7 +268,7 @@ class RMSNorm(Norm):
 
     def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:
         s = self.spec
-        return LF._rms_norm, (self.normalized_shape, route.weight, route.eps, s.cast, s.zero_centered)
+        return LF._rms_norm, (self.normalized_shape, route.weight, route.eps, s.cast, s.zero_centered, self._group_size)
 
 
 class DyT(Norm):
@@ -252,6 +281,7 @@ class DyT(Norm):
     spec: DyTSpec
     _vectors = ("weight", "bias")
     _scalars = ("alpha",)
+    _fused_kernel = True
     _row_blocks_on_cpu = True
 
     def __init__(

@@ -118,15 +118,44 @@ def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | 
             if route.plan is None:
                 return route.fn(x, *route.args) if residual is None else _add_and_normalize(x, residual, route)
             try:
-                return _kernels().run_fused(route.plan, x, residual, route.weight, route.bias, route.n)
-            except _kernels().StaleOperandError:
+                kernels = _kernels()
+                return kernels.run_fused(route.plan, x, residual, route.weight, route.bias, route.n, route.others)
+            except kernels.StaleOperandError:
                 pass  # a parameter changed in place since the route was planned: plan again
     route = plan_route(norm, x, residual)
     if not is_dynamo_compiling():
         cache.last_backend = route.backend
     if route.plan is not None:
-        return _kernels().run_fused(route.plan, x, residual, route.weight, route.bias, route.n)
+        return _kernels().run_fused(route.plan, x, residual, route.weight, route.bias, route.n, route.others)
     return route.fn(x, *route.args) if residual is None else _add_and_normalize(x, residual, route)
+
+
+def route_for(norm: Norm, x: Tensor) -> Route:
+    """The route of ``norm(x)`` for the call forms ``dispatch`` does not serve (the gated norm's ``norm(x, gate)``,
+    ``Norm.norm_then_add``): the cached one when it is still valid (the test ``dispatch`` inlines), else planned
+    with the full checks."""
+    cache = norm._routes
+    if not is_dynamo_compiling():
+        params = norm._parameters
+        try:
+            route = (cache.cuda if x.is_cuda else cache.cpu).get(x.dtype)
+            if (
+                route is not None
+                and x.shape[-1] == route.last_dim
+                and params.get("weight") is route.weight
+                and (
+                    route.weight_only
+                    or (params.get("bias") is route.bias and (not route.others or _same_others(norm, route.others)))
+                )
+            ):
+                cache.last_backend = route.backend
+                return route
+        except (AttributeError, IndexError):  # not a tensor, or a 0-d one: the full checks name the problem
+            pass
+    route = plan_route(norm, x, None)
+    if not is_dynamo_compiling():
+        cache.last_backend = route.backend
+    return route
 
 
 def _add_and_normalize(x: Tensor, residual: Tensor, route: Route) -> tuple[Tensor, Tensor]:
@@ -155,7 +184,7 @@ def backend_for(norm: Norm, x: Tensor, residual: Tensor | None = None) -> str:
         return TORCH
     from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
 
-    tensors = [(name, getattr(norm, name)) for name in norm._vectors]
+    tensors = [(name, getattr(norm, name)) for name in (*norm._vectors, *norm._scalars)]
     reason = unavailable_reason(spec, x, residual=residual, parameters=tensors, row_numel=norm._row_numel)
     if spec.backend == TRITON:
         if reason is not None:
@@ -198,7 +227,11 @@ def plan_route(norm: Norm, x: Tensor, residual: Tensor | None) -> Route:
         from lnblocks.kernels.plan import make_plan  # (no triton in it; the kernels were checked runnable above)
 
         route.plan = make_plan(
-            spec, x.dtype, None if residual is None else residual.dtype, None if weight is None else weight.dtype
+            spec,
+            x.dtype,
+            None if residual is None else residual.dtype,
+            None if weight is None else weight.dtype,
+            group_size=norm._group_size,
         )
     else:
         route.eps = LF.resolve_rms_eps(spec.eps, norm_dtype) if spec.kind == "rmsnorm" else getattr(spec, "eps", None)

@@ -21,6 +21,7 @@ from lnblocks.config import (
     check_bool,
     check_choice,
     check_float,
+    check_int,
     join_key,
     under_key,
 )
@@ -28,9 +29,19 @@ from lnblocks.norms.families import MODEL_FAMILIES
 
 Backend = Literal["auto", "torch", "triton"]
 CastMode = Literal["fp32", "llama", "t5"]
+LayerNormCast = Literal["fp32", "cohere", "nemotron"]
+GatedCast = Literal["llama", "fp32"]
+GatePosition = Literal["before", "after"]
+GateActivation = Literal["silu", "sigmoid"]
+L2Reduction = Literal["mean", "sum"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
 CAST_MODES: tuple[str, ...] = get_args(CastMode)
+LAYERNORM_CASTS: tuple[str, ...] = get_args(LayerNormCast)
+GATED_CASTS: tuple[str, ...] = get_args(GatedCast)
+GATE_POSITIONS: tuple[str, ...] = get_args(GatePosition)
+GATE_ACTIVATIONS: tuple[str, ...] = get_args(GateActivation)
+L2_REDUCTIONS: tuple[str, ...] = get_args(L2Reduction)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +90,27 @@ def _check_zero_centered_has_weight(spec: LayerNormSpec | RMSNormSpec) -> None:
         )
 
 
+def _check_groups(spec: LayerNormSpec | RMSNormSpec | GatedRMSNormSpec) -> None:
+    """``group_size`` (statistics over groups of that many elements) and ``per_head`` (groups = the last dim) are one
+    choice: the module checks the group size against its shape."""
+    spec._set("group_size", check_int("group_size", spec.group_size, allow_none=True))
+    check_bool("per_head", spec.per_head)
+    if spec.per_head and spec.group_size is not None:
+        raise ConfigValueError(
+            "group_size", f"must be None with per_head=True (the groups are the last dim), got {spec.group_size}"
+        )
+
+
+def _check_memory_efficient(spec: LayerNormSpec | RMSNormSpec | L2NormSpec) -> None:
+    check_bool("memory_efficient", spec.memory_efficient)
+    if spec.memory_efficient and spec.backend == "torch":
+        raise ConfigValueError(
+            "memory_efficient",
+            "needs the fused kernels (backend 'auto' or 'triton'): it is their backward that rebuilds the input "
+            "from the output; the torch backend saves what its autograd ops save",
+        )
+
+
 def _check_no_kernel_backend(spec: NormSpec) -> None:
     if spec.backend == "triton":
         raise ConfigValueError(
@@ -92,6 +124,17 @@ class LayerNormSpec(NormSpec):
 
     ``bias=False`` gives the bias-free LayerNorm of PaLM/OLMo; ``zero_centered`` stores ``w`` and applies ``1 + w``
     (added in fp32), TransformerEngine's ``zero_centered_gamma``.
+
+    ``cast`` picks the HF class whose rounding it reproduces: ``"fp32"`` (``F.layer_norm``), ``"cohere"``
+    (``CohereLayerNorm``: mean, centred variance and weight multiply written out in fp32, one cast at the end) or
+    ``"nemotron"`` (``NemotronLayerNorm1P``: with ``zero_centered`` the ``+ 1`` is added in the weight's dtype, and
+    under CUDA autocast input, ``1 + w`` and bias are cast to the autocast dtype and the norm runs there).
+
+    ``group_size``: statistics over consecutive groups of that many elements of the (flattened) normalised dims, the
+    parameters still covering all of them; ``per_head``: the groups are the last dim, for parameters of shape
+    ``(heads, head_dim)`` over ``(..., heads, head_dim)`` (Cohere's qk-norm). ``memory_efficient``: the fused
+    backward saves the output instead of the input and rebuilds x_hat from it (Apex's ``memory_efficient``; the
+    rule for the weight is in ``docs/norms.md``).
     """
 
     kind: ClassVar[str] = "layernorm"
@@ -99,13 +142,20 @@ class LayerNormSpec(NormSpec):
     elementwise_affine: bool = True
     bias: bool = True
     zero_centered: bool = False
+    cast: LayerNormCast = "fp32"
+    group_size: int | None = None
+    per_head: bool = False
+    memory_efficient: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._set("eps", check_float("eps", self.eps, lo=0))
         for name in ("elementwise_affine", "bias", "zero_centered"):
             check_bool(name, getattr(self, name))
+        check_choice("cast", self.cast, LAYERNORM_CASTS)
         _check_zero_centered_has_weight(self)
+        _check_groups(self)
+        _check_memory_efficient(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +173,8 @@ class RMSNormSpec(NormSpec):
       (``LlamaRMSNorm`` and its copies: Mistral, Qwen2/3, Phi3). Output dtype follows type promotion.
     - ``"t5"``: normalise in fp32, cast to the weight's dtype only if the weight is fp16/bf16, then multiply
       (``T5LayerNorm``). With an fp32 weight the output is fp32.
+
+    ``group_size``, ``per_head``, ``memory_efficient``: as for ``LayerNormSpec``.
     """
 
     kind: ClassVar[str] = "rmsnorm"
@@ -130,6 +182,9 @@ class RMSNormSpec(NormSpec):
     elementwise_affine: bool = True
     zero_centered: bool = False
     cast: CastMode = "fp32"
+    group_size: int | None = None
+    per_head: bool = False
+    memory_efficient: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -144,6 +199,84 @@ class RMSNormSpec(NormSpec):
                 f"must be 'fp32' with zero_centered=True (1 + w is added in fp32, the Gemma/TE order), "
                 f"got {self.cast!r}",
             )
+        _check_groups(self)
+        _check_memory_efficient(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedRMSNormSpec(NormSpec):
+    """RMSNorm with a multiplicative gate, the norm of every hybrid SSM / linear-attention family: called as
+    ``norm(x, gate)``.
+
+    ``gate="before"``: ``rms(x * act(gate)) * w`` (``MambaRMSNormGated`` and its copies in Bamba, Zamba2,
+    GraniteMoeHybrid, NemotronH; FalconH1 with ``mamba_norm_before_gate=False``); ``"after"``:
+    ``rms(x) * w * act(gate)`` (``Qwen3NextRMSNormGated``, FalconH1's default). ``activation``: ``"silu"`` or
+    ``"sigmoid"``. ``group_size``: RMS over consecutive groups of that many elements (Mamba2's ``n_groups``), None for
+    the whole row. ``cast``: ``"llama"`` rounds the normalised value to the input dtype before the weight multiply
+    (Mamba2, Qwen3-Next), ``"fp32"`` multiplies in fp32 and casts once (FalconH1). The gate is applied in fp32.
+    """
+
+    kind: ClassVar[str] = "gated_rmsnorm"
+    eps: float = 1e-6
+    elementwise_affine: bool = True
+    gate: GatePosition = "before"
+    activation: GateActivation = "silu"
+    cast: GatedCast = "llama"
+    group_size: int | None = None
+    per_head: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("eps", check_float("eps", self.eps, lo=0))
+        check_bool("elementwise_affine", self.elementwise_affine)
+        check_choice("gate", self.gate, GATE_POSITIONS)
+        check_choice("activation", self.activation, GATE_ACTIVATIONS)
+        check_choice("cast", self.cast, GATED_CASTS)
+        _check_groups(self)
+        if self.residual_in_fp32:
+            raise ConfigValueError(
+                "residual_in_fp32", "must be False for gated_rmsnorm: it takes a gate, not a residual, got True"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class L2NormSpec(NormSpec):
+    """Parameter-free normalisation of the last dims: ``x * rsqrt(mean(x^2) + eps)`` (``reduction="mean"``: unit RMS,
+    Llama 4's qk-norm ``Llama4TextL2Norm``) or ``x * rsqrt(sum(x^2) + eps)`` (``"sum"``: unit L2 norm, the q/k
+    normalisation of gated-delta-rule linear attention). Computed in fp32, one cast at the end."""
+
+    kind: ClassVar[str] = "l2norm"
+    eps: float = 1e-6
+    reduction: L2Reduction = "mean"
+    memory_efficient: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("eps", check_float("eps", self.eps, lo=0))
+        check_choice("reduction", self.reduction, L2_REDUCTIONS)
+        _check_memory_efficient(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DerfSpec(NormSpec):
+    """Dynamic erf (Chen et al. 2025, arXiv 2512.10938): ``w * erf(alpha * x + shift) + b``, a point-wise replacement
+    for LayerNorm/RMSNorm; ``alpha`` and ``shift`` are learnable scalars, ``w``/``b`` per channel.
+
+    Initialised as the paper's released code does: ``alpha_init=0.5``, ``shift_init=0.0``, ``w = 1``, ``b = 0``.
+    """
+
+    kind: ClassVar[str] = "derf"
+    alpha_init: float = 0.5
+    shift_init: float = 0.0
+    elementwise_affine: bool = True
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._set("alpha_init", check_float("alpha_init", self.alpha_init, lo=0, lo_open=True))
+        self._set("shift_init", check_float("shift_init", self.shift_init))
+        for name in ("elementwise_affine", "bias"):
+            check_bool(name, getattr(self, name))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +296,6 @@ class DyTSpec(NormSpec):
         self._set("alpha_init", check_float("alpha_init", self.alpha_init, lo=0, lo_open=True))
         for name in ("elementwise_affine", "bias"):
             check_bool(name, getattr(self, name))
-        _check_no_kernel_backend(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +326,8 @@ class NoNormSpec(NormSpec):
 
 
 SPEC_TYPES: dict[str, type[NormSpec]] = {
-    cls.kind: cls for cls in (LayerNormSpec, RMSNormSpec, DyTSpec, ScaleNormSpec, NoNormSpec)
+    cls.kind: cls
+    for cls in (LayerNormSpec, RMSNormSpec, DyTSpec, ScaleNormSpec, NoNormSpec, GatedRMSNormSpec, L2NormSpec, DerfSpec)
 }
 
 # Checkpoint-exact settings of the norms of well-known model families: one per row of the family table.

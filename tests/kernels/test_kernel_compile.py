@@ -81,7 +81,7 @@ def _fwd_args(residual: bool, dropout: bool):
     r = randn(5, N) if residual else None
     seed = torch.tensor([9], device=DEVICE) if dropout else None
     plan = make_plan(LayerNormSpec(), x.dtype, None if r is None else r.dtype, w.dtype, None, 0.1 if dropout else 0.0)
-    return (x, r, w, b, seed, *plan.op_args())
+    return (x, r, w, b, seed, None, None, None, *plan.op_args())
 
 
 @pytest.mark.parametrize(("residual", "dropout"), [(False, False), (True, True)], ids=["plain", "residual_dropout"])
@@ -95,9 +95,9 @@ def test_opcheck_backward_ops() -> None:
     x = torch.randn(5, N, device=DEVICE)
     w = torch.randn(N, device=DEVICE)
     plan = make_plan(LayerNormSpec(), x.dtype, None, w.dtype)
-    _, _, mean, rstd = ops.norm_fwd(x, None, w, None, None, *plan.op_args())
+    _, _, mean, rstd = ops.norm_fwd(x, None, w, None, None, None, None, None, *plan.op_args())
     dy = torch.randn(5, N, device=DEVICE)
-    args = (dy, None, x, w, None, mean, rstd, True, False, *plan.op_args())
+    args = (dy, None, x, w, None, None, mean, rstd, None, None, None, True, False, False, False, *plan.op_args())
     torch.use_deterministic_algorithms(False)
     torch.library.opcheck(ops.norm_bwd, args)
     torch.library.opcheck(ops.norm_bwd_inplace, args)

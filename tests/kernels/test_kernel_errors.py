@@ -12,7 +12,7 @@ import torch
 from lnblocks.kernels import unavailable_reason
 from lnblocks.kernels.functional import fused_add_norm
 from lnblocks.norms import build_norm
-from lnblocks.norms.spec import DyTSpec, LayerNormSpec, RMSNormSpec
+from lnblocks.norms.spec import DyTSpec, LayerNormSpec, RMSNormSpec, ScaleNormSpec
 from tests.kernels.kernel_helpers import DEVICE
 
 X = torch.randn(3, 16, device=DEVICE)
@@ -32,7 +32,13 @@ W = torch.ones(16, device=DEVICE)
         (dict(weight=W, normalized_shape=16, bias=torch.ones(4, device=DEVICE)), ValueError, "bias: expected shape"),
         (dict(weight=W, bias=W, spec=RMSNormSpec()), ValueError, "bias: not allowed"),
         (dict(weight=W, spec=LayerNormSpec(elementwise_affine=False)), ValueError, "elementwise_affine=False"),
-        (dict(spec=DyTSpec()), ValueError, "spec: the fused kernels run 'layernorm' and 'rmsnorm'"),
+        (dict(spec=ScaleNormSpec()), ValueError, "spec: this entry point runs 'layernorm', 'rmsnorm', 'l2norm'"),
+        (dict(spec="mamba2_gated"), ValueError, "got kind 'gated_rmsnorm' \\(the gated norm: fused_gated_rms_norm"),
+        (dict(spec=DyTSpec()), ValueError, "alpha: required by norm kind 'dyt'"),
+        (dict(alpha=torch.ones(1, device=DEVICE)), ValueError, "alpha: norm kind 'layernorm' has no alpha"),
+        (dict(spec=DyTSpec(), alpha=torch.ones(2, device=DEVICE)), ValueError, "alpha: expected a one-element"),
+        (dict(spec=RMSNormSpec(group_size=8), dropout_p=0.1), ValueError, "dropout_p: not with grouped statistics"),
+        (dict(spec=RMSNormSpec(group_size=5)), ValueError, "group_size 5 must divide the 16 normalised elements"),
         (dict(spec="nonsense"), ValueError, "unknown norm kind"),
         (dict(dropout_p=1.0), ValueError, r"dropout_p must be a float in \[0, 1\)"),
         (dict(dropout_p=-0.1), ValueError, "dropout_p"),
@@ -76,7 +82,7 @@ def test_cpu_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unavailable_reasons() -> None:
     assert unavailable_reason(LayerNormSpec(), X) is None  # CUDA, or CPU with the interpreter on
-    assert "no fused kernel" in unavailable_reason(DyTSpec(), X)
+    assert "no fused kernel" in unavailable_reason(ScaleNormSpec(), X)
     assert "float64" in unavailable_reason(RMSNormSpec(), X.double())
     with pytest.raises(ValueError, match="backend='triton' cannot run here"):
         build_norm("rmsnorm", 16, backend="triton", device=DEVICE)(X.double())

@@ -130,8 +130,8 @@ def test_triton_backend_without_a_runnable_kernel_is_a_clear_error(monkeypatch: 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match=r"backend='triton' cannot run here: x is on cpu.*Use backend='auto'"):
         lnblocks.LayerNorm(8, backend="triton")(torch.randn(2, 8))
-    with pytest.raises(ValueError, match=r"^backend must be 'auto' or 'torch' for norm kind 'dyt': it has no fused"):
-        lnblocks.DyT(8, backend="triton")  # refused when built, not at the first call
+    with pytest.raises(ValueError, match=r"^backend must be 'auto' or 'torch' for norm kind 'scalenorm': it has no"):
+        lnblocks.ScaleNorm(8, backend="triton")  # refused when built, not at the first call
 
 
 def test_triton_backend_checks_parameter_and_residual_dtypes() -> None:
@@ -154,9 +154,8 @@ def test_triton_backend_checks_parameter_and_residual_dtypes() -> None:
         (lambda: lnblocks.RMSNorm(8, zero_centered=True, elementwise_affine=False), r"^zero_centered must be False"),
         (lambda: lnblocks.LayerNorm(8, zero_centered=True, elementwise_affine=False), r"^zero_centered must be False"),
         (lambda: lnblocks.build_norm("gemma", 8, elementwise_affine=False), r"^zero_centered must be False"),
-        (lambda: lnblocks.DyT(8, backend="triton"), r"^backend must be 'auto' or 'torch' for norm kind 'dyt'"),
         (lambda: lnblocks.ScaleNorm(8, backend="triton"), r"^backend must be 'auto' or 'torch' for norm kind 'sca"),
-        (lambda: lnblocks.norm_spec({"kind": "dyt", "backend": "triton"}), r"^backend must be 'auto' or 'torch'"),
+        (lambda: lnblocks.norm_spec({"kind": "scalenorm", "backend": "triton"}), r"^backend must be 'auto' or 'torch'"),
     ],
 )
 def test_contradictory_options_are_refused(build, match: str) -> None:
