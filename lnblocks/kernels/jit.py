@@ -226,7 +226,7 @@ def _bwd_inputs(Z, DY, DRES_OUT, W, B, SEED, GATE, rows, cols, mask, mean, rstd,
     if FROM_OUTPUT:  # z is y = x_hat * w + b, rounded: x_hat = (y - b) / w (w is checked away from zero)
         if HAS_B:
             z -= tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        xhat = tl.where(mask, z / w[None, :], 0.0) if HAS_W else z
+        xhat = tl.where(mask, z / tl.where(cols < N, w, 1.0)[None, :], 0.0) if HAS_W else z
     elif POINTWISE:
         xhat = z
     else:

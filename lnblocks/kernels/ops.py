@@ -135,7 +135,7 @@ def _save(ctx, plan: NormPlan, inputs: tuple, outputs) -> None:
     x, residual, weight, bias, seed, gate, alpha, shift = inputs
     y, new_residual, mean, rstd = outputs
     if plan.memory_efficient:  # the output, not the input: x_hat is rebuilt as (y - b) / w
-        ctx.save_for_backward(y, weight, bias, seed, mean, rstd, gate, alpha, shift)
+        ctx.save_for_backward(y, weight, bias, seed, None, rstd, gate, alpha, shift)  # (no mean: x_hat needs none)
     else:
         z = new_residual if residual is not None and not plan.norm_then_add else x
         ctx.save_for_backward(z, weight, None, seed, mean, rstd, gate, alpha, shift)
@@ -152,6 +152,8 @@ def _backward(ctx, dy: Tensor | None, dres_out: Tensor | None, through_ops: bool
     if torch.is_grad_enabled():  # create_graph=True: build the gradient's graph through the reference math
         return _reference_backward(ctx, plan, dy, dres_out, needs)
     z, weight, bias, seed, mean, rstd, gate, alpha, shift = ctx.saved_tensors
+    if mean is None:
+        mean = rstd.new_empty((0,))
     if not plan.has_residual:
         dres_out = None  # the placeholder (0,) output has no gradient to add
     if dy is None:  # norm-then-add reads the new residual's gradient; otherwise an unused y has a zero gradient

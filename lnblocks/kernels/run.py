@@ -174,7 +174,7 @@ def check_rebuildable(plan: NormPlan, weight: Tensor | None, bias: Tensor | None
         torch._assert_async(ok.all(), message)
     elif not bool(ok.all()):
         j = int((~ok).nonzero()[0, 0])
-        b = "" if bias is None else f", bias {float(bias.reshape(-1)[j]):.3g}"
+        b = "" if bias is None else f", bias {float(bias.detach().reshape(-1)[j]):.3g}"
         raise ValueError(f"{message}; element {j} has weight {float(w[j]):.3g}{b}. Use memory_efficient=False here.")
     if not compiling:
         _CHECKED[weight] = versions
