@@ -15,8 +15,9 @@ added before the norm (pre-norm) or after it (``NORM_THEN_ADD``, with ``WRITE_Y`
 Backward (``norm_bwd_kernel``): a persistent grid; each program owns a contiguous range of rows (of one group, on the
 second grid axis), accumulates its dW/dB (and the point-wise norms' d_alpha/d_shift) contributions in fp32 registers
 and writes one partial row, which the launcher sums in a fixed order (deterministic, no atomics). Every program
-writes its partials, even one that owns no rows (flash-attn#781). x_hat is recomputed from the saved input and fp32 mean/rstd (or, ``FROM_OUTPUT``,
-rebuilt from the saved output: ``(y - b) / w``, the memory-efficient backward), the dropout mask from the seed. Rows
+writes its partials, even one that owns no rows (flash-attn#781). x_hat is recomputed from the saved input and fp32
+mean/rstd (or, ``FROM_OUTPUT``, rebuilt from the saved output: ``(y - b) / w``, the memory-efficient backward), the
+dropout mask from the seed. Rows
 wider than one block loop over chunks twice (row sums, then outputs) and accumulate into the program's partial row.
 
 Per kind: LayerNorm/RMSNorm ``dz = rstd * (g - x_hat * c1 - c2)`` with ``g = dy * w``; a gate before the norm

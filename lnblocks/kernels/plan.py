@@ -175,9 +175,10 @@ class NormPlan:
     ``x_dtype``/``residual_dtype``/``weight_dtype``: the operands' dtypes (None: absent), which fix the gradients'
     dtypes. ``out_dtype``: dtype of ``y``. ``max_block_n``: widest row held in registers (0: the heuristic's choice).
     ``inplace_backward``: write dx into the incoming gradient of ``y``. ``group_size``: statistics over groups of that
-    many elements (0: the whole row). ``gate_position``: ``"none"``, ``"before"`` or ``"after"`` the norm, ``activation`` its
-    function. ``l2_sum``: the sum of squares instead of their mean (``l2norm(reduction="sum")``). ``norm_then_add``:
-    the residual is added after the norm (``residual + norm(x)``), ``write_y`` whether y itself is written.
+    many elements (0: the whole row). ``gate_position``: ``"none"``, ``"before"`` or ``"after"`` the norm,
+    ``activation`` its function. ``l2_sum``: the sum of squares instead of their mean (``l2norm(reduction="sum")``).
+    ``norm_then_add``: the residual is added after the norm (``residual + norm(x)``), ``write_y`` whether y itself is
+    written.
     ``memory_efficient``: the backward rebuilds x_hat from the saved output.
     """
 
