@@ -148,8 +148,9 @@ def check_rebuildable(plan: NormPlan, weight: Tensor | None, bias: Tensor | None
     """Refuse (``ValueError``) a memory-efficient call whose weight cannot give back x_hat from y (see above).
 
     Checked when the weight or the bias changed since the last check (their ``_version``: once per optimizer step,
-    never per micro-batch, never in frozen-norm fine-tuning). On CUDA the check is ``torch._assert_async`` (no host
-    sync: a failure stops the run at the next sync with the message below); on CPU it raises at once.
+    never per micro-batch, never in frozen-norm fine-tuning). On CUDA (and while compiling) the check is
+    ``torch._assert_async``: no host sync, a failure stops the run at the next sync with the message below; on CPU
+    it raises a ``ValueError`` naming the element at once.
     """
     if weight is None:  # x_hat = y (l2norm, RMSNorm without a weight): always exact to y's rounding
         return
@@ -170,7 +171,7 @@ def check_rebuildable(plan: NormPlan, weight: Tensor | None, bias: Tensor | None
         f"memory_efficient=True: the backward rebuilds x_hat = (y - b) / w from the saved output, which needs every "
         f"|w| >= max({MIN_WEIGHT:g}, |b| / {MAX_BIAS_RATIO:g}) (the effective weight, 1 + w when zero-centred)"
     )
-    if weight.is_cuda:
+    if weight.is_cuda or compiling:  # no host sync (and nothing data-dependent for the compiler to trace)
         torch._assert_async(ok.all(), message)
     elif not bool(ok.all()):
         j = int((~ok).nonzero()[0, 0])

@@ -138,3 +138,77 @@ def test_kernel_resources_slice_compiles_without_spills(tmp_path: Path) -> None:
         assert 0 < r["registers"] <= 255, f"{name}: {r['registers']} registers"
         assert r["spill_bytes"] == 0, f"{name}: {r['spill_bytes']} bytes of register spills"
         assert r["programs_per_sm"] >= 1, f"{name}: does not fit on an SM"
+
+
+class NewKindsStack(nn.Module):
+    """The kinds and call forms of the 2025-26 families in one graph: a gated norm (gate from a Linear), Derf with
+    the residual fused, norm-then-add, a memory-efficient norm and per-head qk weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gated = build_norm("mamba2_gated", N, group_size=8, backend="triton")
+        self.derf = build_norm("derf", N, backend="triton")
+        self.post = build_norm("olmo2", N, backend="triton")
+        self.efficient = build_norm("llama", N, backend="triton", memory_efficient=True)
+        self.qk = build_norm("cohere_qk", (4, N // 4), backend="triton")
+        self.proj = nn.Linear(N, 2 * N)
+
+    def forward(self, x):
+        h, gate = self.proj(x).chunk(2, dim=-1)
+        h = self.gated(h, gate)
+        y, residual = self.derf(h, residual=x)
+        residual = self.post.norm_then_add(y, residual)
+        q = self.qk(self.efficient(residual).unflatten(-1, (4, N // 4)))
+        return q.flatten(-2) + residual
+
+
+def test_compiled_new_kinds_match_eager() -> None:
+    torch.use_deterministic_algorithms(False)
+    model = NewKindsStack().to(DEVICE)
+    x = torch.randn(2, 3, N, device=DEVICE)
+    eager_out = model(x)
+    eager_grads = torch.autograd.grad(eager_out.square().sum(), list(model.parameters()))
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(x)
+    grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _new_kind_args(case: str):
+    """Operands and plan of lnblocks::norm_fwd for the gated, point-wise, norm-then-add and memory-efficient calls."""
+    from lnblocks.norms import norm_spec
+
+    def randn(*size):
+        return torch.randn(*size, device=DEVICE, requires_grad=True)
+
+    x, w, b = randn(5, N), randn(N), randn(N)
+    r = g = a = s = None
+    kw = {}
+    if case == "gated-groups":
+        spec, b, g, kw = norm_spec("qwen3_next_gated"), None, randn(5, N), {"group_size": 8}
+    elif case == "derf-residual":
+        spec, r, a, s = norm_spec("derf"), randn(5, N), randn(1), randn(1)
+    elif case == "norm-then-add":
+        spec, r, kw = norm_spec("layernorm"), randn(5, N), {"norm_then_add": True, "write_y": False}
+    else:  # memory-efficient
+        spec = norm_spec("layernorm", memory_efficient=True)
+    plan = make_plan(spec, x.dtype, None if r is None else r.dtype, w.dtype, **kw)
+    return (x, r, w, b, None, g, a, s, *plan.op_args())
+
+
+@pytest.mark.parametrize("case", ["gated-groups", "derf-residual", "norm-then-add", "memory-efficient"])
+def test_opcheck_new_kinds(case: str) -> None:
+    """Schema, fake impl and autograd registration of the forward op for every new call form, and the backward op
+    with a gate and with the point-wise scalars."""
+    torch.use_deterministic_algorithms(False)
+    args = _new_kind_args(case)
+    torch.library.opcheck(ops.norm_fwd, args)
+    if case in ("gated-groups", "derf-residual"):
+        x, r, w, b, _, g, a, s, *plan_args = args
+        _, _, mean, rstd = ops.norm_fwd(*args)
+        dy = torch.randn(5, N, device=DEVICE)
+        bwd = (dy, r, r if r is not None else x, w, b, None, mean, rstd, g, a, s, True, b is not None, g is not None,
+               a is not None, *plan_args)  # fmt: skip
+        torch.library.opcheck(ops.norm_bwd, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in bwd))

@@ -174,3 +174,32 @@ def test_l2norm_sum_functional_against_the_formula() -> None:
     with pytest.raises(ValueError, match="weight: the spec \\(l2norm\\) has no weight"):
         fused_add_norm(x, None, torch.ones(24, device=DEVICE), None, L2NormSpec())
     assert RMSNormSpec(group_size=8).group_size == 8
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA autocast: the flag NemotronLayerNorm1P reads is CUDA's")
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_nemotron_under_cuda_autocast(backend: str) -> None:
+    """Under CUDA autocast the input, ``1 + w`` and the bias go to the autocast dtype: bit-identical with the class on
+    the torch backend, within the kernel rule on the fused one (its gradients flow through the casts)."""
+    import importlib
+
+    from lnblocks.norms import build_norm
+
+    pytest.importorskip("transformers")
+    cls = importlib.import_module("transformers.models.nemotron.modeling_nemotron").NemotronLayerNorm1P
+    hf = cls(N).to(DEVICE)
+    ours = build_norm("nemotron", N, backend=backend, device=DEVICE)
+    with torch.no_grad():
+        hf.weight.normal_(0, 0.3)
+        hf.bias.normal_(0, 0.3)
+    ours.load_state_dict(hf.state_dict())
+    x = randn(4, N, dtype=torch.float32)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y_hf, y = hf(x), ours(x)
+    assert y.dtype == y_hf.dtype == torch.bfloat16
+    if backend == "torch":
+        assert torch.equal(y, y_hf)
+    else:
+        ref = build_norm("nemotron", N, dtype=torch.float64, device=DEVICE)
+        ref.load_state_dict(hf.state_dict())
+        assert_close_to_fp64("y", y, y_hf, ref(x.double()), ATOL[torch.bfloat16])

@@ -31,8 +31,8 @@ import torch.multiprocessing as mp
 
 WORLD = 2
 B, T, C = 2, 5, 16  # T = 5: the sequence shards are uneven (3 + 2 rows)
-TORCH_KINDS = ["layernorm", "rmsnorm", "llama", "gemma", "t5", "dyt", "scalenorm", "none"]
-FUSED_KINDS = ["layernorm", "rmsnorm", "llama", "gemma", "t5"]
+TORCH_KINDS = ["layernorm", "rmsnorm", "llama", "gemma", "t5", "dyt", "scalenorm", "none", "derf", "l2norm", "nemotron"]
+FUSED_KINDS = ["layernorm", "rmsnorm", "llama", "gemma", "t5", "dyt", "derf", "l2norm", "nemotron"]
 DIMS = {"batch": 0, "sequence": 1}
 ATOL_ROWS, ATOL_PARAMS = 1e-6, 1e-5
 
@@ -57,13 +57,15 @@ OTHER = [
     "plain_weight_with_dtensor_input",
     "fsdp2_call_and_direct_forward",
     "fsdp2_patched_norm",
+    "gated_sequence_shard",
+    "norm_then_add_sequence_shard",
 ]
 
 
-def _build(kind: str, backend: str):
+def _build(kind: str, backend: str, **options):
     import lnblocks
 
-    norm = lnblocks.build_norm(kind, C, backend=backend, **({"eps": 1e-6} if kind == "rmsnorm" else {}))
+    norm = lnblocks.build_norm(kind, C, backend=backend, **({"eps": 1e-6} if kind == "rmsnorm" else {}), **options)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in norm.parameters():
@@ -174,12 +176,51 @@ def _other_case(name: str, mesh) -> None:
             _raises(lambda n=norm: n(xd), r"^weight is a plain tensor while x is a DTensor: distribute it")
             norm(x)  # a cached route for plain tensors must not take the DTensor either
             _raises(lambda n=norm: n(xd), r"DTensor", RuntimeError)  # torch's message on that backend
+    elif name == "gated_sequence_shard":  # the gate is an activation: sharded like x, its gradient too
+        for backend in ("torch", "triton"):
+            _gated_case(mesh, backend, x, r, gy)
+    elif name == "norm_then_add_sequence_shard":  # the post-norm residual update, each rank on its rows
+        for backend in ("torch", "triton"):
+            _norm_then_add_case(mesh, backend, x, r, gy)
     elif name == "fsdp2_call_and_direct_forward":
         _fsdp2_case(mesh, x, gy)
     elif name == "fsdp2_patched_norm":
         _fsdp2_patched_case(mesh, x, gy)
     else:
         raise AssertionError(f"unknown case {name}")
+
+
+def _gated_case(mesh, backend: str, x, gate, gy) -> None:
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+    ref_norm, norm = _build("mamba2_gated", backend, group_size=4), _build("mamba2_gated", backend, group_size=4)
+    leaves = [t.clone().requires_grad_() for t in (x, gate)]
+    (ref_norm(*leaves) * gy).sum().backward()
+    norm = distribute_module(norm, mesh)
+    dleaves = [distribute_tensor(t, mesh, [Shard(1)]).requires_grad_() for t in (x, gate)]
+    y = norm(*dleaves)
+    (y * distribute_tensor(gy, mesh, [Shard(1)])).sum().backward()
+    assert norm.last_backend == backend and y.placements == (Shard(1),)
+    got = [_full(t) for t in (y, dleaves[0].grad, dleaves[1].grad, norm.weight.grad)]
+    want = [ref_norm(*leaves), leaves[0].grad, leaves[1].grad, ref_norm.weight.grad]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=ATOL_PARAMS, rtol=ATOL_PARAMS)
+
+
+def _norm_then_add_case(mesh, backend: str, x, r, gy) -> None:
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+    ref_norm, norm = _build("olmo2", backend), distribute_module(_build("olmo2", backend), mesh)
+    leaves = [t.clone().requires_grad_() for t in (x, r)]
+    (ref_norm.norm_then_add(*leaves) * gy).sum().backward()
+    dleaves = [distribute_tensor(t, mesh, [Shard(1)]).requires_grad_() for t in (x, r)]
+    new = norm.norm_then_add(*dleaves)
+    (new * distribute_tensor(gy, mesh, [Shard(1)])).sum().backward()
+    assert norm.last_backend == backend and new.placements == (Shard(1),)
+    got = [_full(t) for t in (new, dleaves[0].grad, dleaves[1].grad, norm.weight.grad)]
+    want = [ref_norm.norm_then_add(*leaves), leaves[0].grad, leaves[1].grad, ref_norm.weight.grad]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=ATOL_PARAMS, rtol=ATOL_PARAMS)
 
 
 def _fsdp2_case(mesh, x, gy) -> None:
