@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
 from lnblocks.models.config import GPTConfig
-from lnblocks.norms.spec import DyTSpec, LayerNormSpec, NoNormSpec, NormSpec, RMSNormSpec, ScaleNormSpec
+from lnblocks.norms.spec import (
+    DerfSpec,
+    DyTSpec,
+    GatedRMSNormSpec,
+    L2NormSpec,
+    LayerNormSpec,
+    NoNormSpec,
+    NormSpec,
+    RMSNormSpec,
+    ScaleNormSpec,
+)
 
 COMPARED = "compared: a value the family cannot hold is named by to_hf"
 INIT_ONLY = "not exported: initialisation only (the weights themselves are copied)"
@@ -57,8 +67,18 @@ EXPORT_RULES: dict[type, dict[str, str]] = {
         "bias": ZERO_BIAS,
     },
     NormSpec: {"residual_in_fp32": FP32_SAME, "backend": BACKEND},
-    LayerNormSpec: _compared("eps", "elementwise_affine", "bias", "zero_centered"),
-    RMSNormSpec: {**_compared("eps", "elementwise_affine", "zero_centered"), "cast": CAST},
+    LayerNormSpec: {
+        **_compared("eps", "elementwise_affine", "bias", "zero_centered", "cast", "group_size", "per_head"),
+        "memory_efficient": BACKEND,
+    },
+    RMSNormSpec: {
+        **_compared("eps", "elementwise_affine", "zero_centered", "group_size", "per_head"),
+        "cast": CAST,
+        "memory_efficient": BACKEND,
+    },
+    GatedRMSNormSpec: _compared("eps", "elementwise_affine", "gate", "activation", "cast", "group_size", "per_head"),
+    L2NormSpec: {**_compared("eps", "reduction"), "memory_efficient": BACKEND},
+    DerfSpec: _compared("alpha_init", "shift_init", "elementwise_affine", "bias"),
     DyTSpec: _compared("alpha_init", "elementwise_affine", "bias"),
     ScaleNormSpec: _compared("eps", "scale_init", "learnable"),
     NoNormSpec: {},
@@ -85,7 +105,8 @@ def block_key_rule(key: str) -> str:
     if head == "mlp":
         return rule(MLPConfig, leaf)
     if head in _NORM_FIELDS:  # a field means the same in every norm kind that has it
-        for cls in (NormSpec, LayerNormSpec, RMSNormSpec, DyTSpec, ScaleNormSpec):
+        for cls in (NormSpec, LayerNormSpec, RMSNormSpec, DyTSpec, ScaleNormSpec, GatedRMSNormSpec, L2NormSpec,
+                    DerfSpec):  # fmt: skip
             if leaf in EXPORT_RULES[cls]:
                 return EXPORT_RULES[cls][leaf]
     raise KeyError(f"block key {key!r} has no export rule in lnblocks.models.export_rules")

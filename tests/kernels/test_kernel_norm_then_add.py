@@ -1,6 +1,6 @@
 """Norm, then add (``Norm.norm_then_add``, ``fused_norm_then_add``): ``residual + norm(x)`` in one kernel that reads x
 and the residual and writes the new residual (and y only when asked), against the torch backend (which is bit-identical
-with the unfused ``residual + norm(x)``, tests/norms/test_norm_then_add.py) and fp64."""
+with the unfused ``residual + norm(x)``, tests/norms/test_new_kinds.py) and fp64."""
 
 from __future__ import annotations
 

@@ -13,7 +13,17 @@ import torch
 from lnblocks import GPT, GPTConfig
 from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
 from lnblocks.models.export_rules import EXPORT_RULES, rule
-from lnblocks.norms.spec import SPEC_TYPES, DyTSpec, LayerNormSpec, NormSpec, RMSNormSpec, ScaleNormSpec
+from lnblocks.norms.spec import (
+    SPEC_TYPES,
+    DerfSpec,
+    DyTSpec,
+    GatedRMSNormSpec,
+    L2NormSpec,
+    LayerNormSpec,
+    NormSpec,
+    RMSNormSpec,
+    ScaleNormSpec,
+)
 from tests.blocks.block_helpers import randomize_
 
 transformers = pytest.importorskip("transformers")
@@ -158,7 +168,24 @@ VARIANTS: dict[tuple[type, str], list[tuple[str, dict, dict, str | None]]] = {
     (ScaleNormSpec, "eps"): [("gpt2", {}, {"norm": {"kind": "scalenorm", "eps": 1e-3}}, "norm.kind")],
     (ScaleNormSpec, "scale_init"): [("gpt2", {}, {"norm": {"kind": "scalenorm", "scale_init": 2.0}}, "norm.kind")],
     (ScaleNormSpec, "learnable"): [("llama", {}, {"norm": {"kind": "scalenorm", "learnable": False}}, "norm.kind")],
-}
+    (LayerNormSpec, "cast"): [("gpt2", {}, {"norm": {"kind": "layernorm", "cast": "cohere"}}, "norm.cast")],
+    (LayerNormSpec, "group_size"): [("gpt2", {}, {"norm": {"kind": "layernorm", "group_size": 8}}, "norm.group_size")],
+    (LayerNormSpec, "per_head"): [("gpt2", {}, {"norm": {"kind": "layernorm", "per_head": True}}, "norm.per_head")],
+    (LayerNormSpec, "memory_efficient"): [("gpt2", {}, {"norm": {"kind": "layernorm", "memory_efficient": True}},
+                                           None)],
+    (RMSNormSpec, "group_size"): [("llama", {}, _rms(group_size=8), "norm.group_size")],
+    (RMSNormSpec, "per_head"): [("llama", {}, _rms(per_head=True), "norm.per_head")],
+    (RMSNormSpec, "memory_efficient"): [("llama", {}, _rms(memory_efficient=True), None)],
+    **{(GatedRMSNormSpec, f): [("llama", {}, {"norm": {"kind": "gated_rmsnorm", f: v}}, "norm.kind")] for f, v in
+       (("eps", 1e-5), ("elementwise_affine", False), ("gate", "after"), ("activation", "sigmoid"), ("cast", "fp32"),
+        ("group_size", 8), ("per_head", True))},
+    (L2NormSpec, "eps"): [("llama", {}, {"norm": {"kind": "l2norm", "eps": 1e-5}}, "norm.kind")],
+    (L2NormSpec, "reduction"): [("llama", {}, {"norm": {"kind": "l2norm", "reduction": "sum"}}, "norm.kind")],
+    (L2NormSpec, "memory_efficient"): [("llama", {}, {"norm": {"kind": "l2norm", "memory_efficient": True}},
+                                        "norm.kind")],
+    **{(DerfSpec, f): [("gpt2", {}, {"norm": {"kind": "derf", f: v}}, "norm.kind")] for f, v in
+       (("alpha_init", 0.7), ("shift_init", 0.1), ("elementwise_affine", False), ("bias", False))},
+}  # fmt: skip
 CASES = [(f"{c.__name__}.{f}-{i}", c, f, *v) for (c, f), vs in VARIANTS.items() for i, v in enumerate(vs)]
 
 
