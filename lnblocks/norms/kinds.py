@@ -170,12 +170,16 @@ class GatedRMSNorm(Norm):
         if gate is not None:
             LF.check_gate(gate, x)
         if route.plan is not None:
-            from lnblocks.kernels import functional as kernels  # lazy: the kernels load triton
-
+            kernels = routing._kernels()
             reason = kernels.gate_unavailable_reason(gate, x)
             if reason is None:
-                return kernels.run_fused(route.plan, x, None, route.weight, None, route.n, gate=gate)
-            if self.spec.backend == routing.TRITON:
+                try:
+                    return kernels.run_fused(route.plan, x, None, route.weight, None, route.n, gate=gate)
+                except kernels.StaleOperandError:  # the weight changed in place since the route was planned
+                    route = routing.plan_route(self, x, None)
+                if route.plan is not None:
+                    return kernels.run_fused(route.plan, x, None, route.weight, None, route.n, gate=gate)
+            elif self.spec.backend == routing.TRITON:
                 raise ValueError(f"backend='triton' cannot run here: {reason}. Use backend='auto' or 'torch'.")
             self._routes.last_backend = routing.TORCH
         s = self.spec

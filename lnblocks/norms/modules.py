@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from lnblocks.norms import functional as LF
-from lnblocks.norms import routing
+from lnblocks.norms import post_add, routing
 from lnblocks.norms.spec import (
     Backend,
     CastMode,
@@ -107,9 +107,7 @@ class Norm(nn.Module):
     def norm_then_add(self, x: Tensor, residual: Tensor, *, return_normed: bool = False) -> Tensor | tuple:
         """``residual + norm(x)``, the new residual (OLMo 2's layers, Gemma 2/3's post-norms); with ``return_normed``
         also ``norm(x)``: ``(y, residual + y)``. One fused kernel on the triton backend; see ``docs/norms.md``."""
-        from lnblocks.norms.post_add import norm_then_add  # (a separate module: the other call form's routing)
-
-        return norm_then_add(self, x, residual, return_normed=return_normed)
+        return post_add.norm_then_add(self, x, residual, return_normed=return_normed)
 
     # ---- the torch backend -------------------------------------------------------------------------------------
     def _math(self, route: routing.Route) -> tuple[Callable[..., Tensor], tuple]:

@@ -39,16 +39,18 @@ def norm_then_add(norm: Norm, x: Tensor, residual: Tensor, *, return_normed: boo
     routing._check_dtensors(x, residual, [])
     spec = norm.spec
     if route.plan is not None:
-        from lnblocks.kernels import functional as kernels  # lazy: the kernels load triton
-        from lnblocks.kernels.plan import norm_then_add_plan
-
+        kernels = routing._kernels()
         reason = kernels.operand_unavailable_reason("residual", residual)
         if reason is None:
-            plan = norm_then_add_plan(route.plan, residual.dtype, return_normed)
-            out = kernels.run_fused(plan, x, residual, route.weight, route.bias, route.n, others=route.others)
-            return out if return_normed else out[1]
-        if spec.backend == routing.TRITON:
+            try:
+                return _fused(kernels, route, x, residual, return_normed)
+            except kernels.StaleOperandError:  # a parameter changed in place since the route was planned
+                route = routing.plan_route(norm, x, None)
+            if route.plan is not None:
+                return _fused(kernels, route, x, residual, return_normed)
+        elif spec.backend == routing.TRITON:
             raise ValueError(f"backend='triton' cannot run here: {reason}. Use backend='auto' or 'torch'.")
+    if route.plan is not None or route.fn is None:
         norm._routes.last_backend = routing.TORCH
         fn, args = norm._math(_torch_route(norm, route, x))
     else:
@@ -56,6 +58,14 @@ def norm_then_add(norm: Norm, x: Tensor, residual: Tensor, *, return_normed: boo
     y = fn(x, *args)
     new_residual = LF._add_residual(y, residual, spec.residual_in_fp32)
     return (y, new_residual) if return_normed else new_residual
+
+
+def _fused(kernels, route: routing.Route, x: Tensor, residual: Tensor, return_normed: bool) -> Tensor | tuple:
+    from lnblocks.kernels.plan import norm_then_add_plan  # (no triton in it)
+
+    plan = norm_then_add_plan(route.plan, residual.dtype, return_normed)
+    out = kernels.run_fused(plan, x, residual, route.weight, route.bias, route.n, route.others)
+    return out if return_normed else out[1]
 
 
 def _torch_route(norm: Norm, route: routing.Route, x: Tensor) -> routing.Route:

@@ -99,3 +99,27 @@ def test_bad_calls_are_refused() -> None:
         norm.norm_then_add(x, x.double())
     auto = build_norm("olmo2", N, backend="auto", device=DEVICE)
     assert torch.equal(auto.norm_then_add(x, x.double()), x.double() + auto(x))  # auto falls back to torch
+
+
+@pytest.mark.parametrize("call", ["gated", "norm_then_add"])
+def test_weight_changed_in_place_is_replanned(call: str) -> None:
+    """``weight.data = ...`` keeps the Parameter: the other call forms plan again too (never read it as the old
+    dtype or past its end)."""
+    from lnblocks.norms import build_norm
+
+    preset = "qwen3_next_gated" if call == "gated" else "olmo2"
+    norm, ref = (build_norm(preset, N, backend=b, device=DEVICE) for b in ("triton", "torch"))
+    x, other = randn(3, N, dtype=torch.float32), randn(3, N, dtype=torch.float32)
+
+    def run(m):
+        return m(x, other) if call == "gated" else m.norm_then_add(x, other)
+
+    run(norm)
+    for m in (norm, ref):
+        m.weight.data = torch.linspace(0.5, 1.5, N, device=DEVICE).to(torch.bfloat16)
+    y = run(norm)
+    assert y.dtype == run(ref).dtype and norm.last_backend == "triton"
+    torch.testing.assert_close(y, run(ref), rtol=1e-2, atol=1e-2)
+    norm.weight.data = torch.ones(N + 1, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^weight: expected shape \(40,\) \(normalized_shape\), got \(41,\)"):
+        run(norm)
