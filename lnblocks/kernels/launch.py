@@ -27,9 +27,15 @@ from lnblocks.kernels.plan import NormPlan, interpreter_enabled
 # warps ptxas caps a thread at 64 registers, which a whole row of 16384 (16 elements per thread and array) overflows:
 # 88-784 bytes of spills, the worst in the backward with dropout, whose Philox rounds need registers of their own.
 # So rows wider than MAX_FWD_BLOCK / MAX_BWD_BLOCK (MAX_BWD_BLOCK_DROPOUT with dropout) loop over LOOP_BLOCK chunks.
+# The backward of a gated norm, of DyT/Derf and the memory-efficient one keep more arrays live (the gate and its
+# derivative, the activation's derivative, the rebuilt x_hat): at N = 8192 they spilled 8-88 bytes, and the
+# memory-efficient LayerNorm 8-16 bytes at N = 4096 with 16 warps. These "heavy" backwards hold at most
+# MAX_BWD_BLOCK_HEAVY elements per row and use up to 32 warps (BWD_ELEMENTS_PER_THREAD per thread), in the single
+# block and in the loop.
 MAX_FWD_BLOCK = 8192
 MAX_BWD_BLOCK = 8192
 MAX_BWD_BLOCK_DROPOUT = 2048
+MAX_BWD_BLOCK_HEAVY = 4096
 LOOP_BLOCK = 4096
 ELEMENTS_PER_THREAD = 8
 BWD_ELEMENTS_PER_THREAD = 4
@@ -96,19 +102,29 @@ def fwd_config(n: int, max_block_n: int | None = None) -> LaunchConfig:
     return LaunchConfig(block_m, block_n, _warps(block_m * block_n, ELEMENTS_PER_THREAD), single_block=True)
 
 
-def bwd_config(n: int, max_block_n: int | None = None, dropout: bool = False) -> LaunchConfig:
-    """Backward tile: x_hat, dy and the dW/dB accumulators are live (and, with ``dropout``, the mask's Philox)."""
-    limit = _limit(MAX_BWD_BLOCK_DROPOUT if dropout else MAX_BWD_BLOCK, max_block_n)
+def bwd_config(n: int, max_block_n: int | None = None, dropout: bool = False, heavy: bool = False) -> LaunchConfig:
+    """Backward tile: x_hat, dy and the dW/dB accumulators are live (and, with ``dropout``, the mask's Philox;
+    ``heavy``: a gate, a point-wise activation's derivative or a rebuilt x_hat, see ``MAX_BWD_BLOCK_HEAVY``)."""
+    limit = MAX_BWD_BLOCK_DROPOUT if dropout else MAX_BWD_BLOCK_HEAVY if heavy else MAX_BWD_BLOCK
+    limit = _limit(limit, max_block_n)
     block_n = max(16, next_power_of_2(n))
+    per_thread = BWD_ELEMENTS_PER_THREAD if heavy else ELEMENTS_PER_THREAD
     if block_n > limit:
         chunk = min(LOOP_BLOCK, max_block_n or LOOP_BLOCK)
-        return LaunchConfig(1, chunk, _warps(chunk, ELEMENTS_PER_THREAD), single_block=False)
+        return LaunchConfig(1, chunk, _warps(chunk, per_thread), single_block=False)
     block_m = max(1, min(16, TILE_ELEMENTS // block_n))
     tile = block_m * block_n
-    # Small tiles: half the forward's elements per thread (up to 16 warps). The backward keeps x_hat, dy, their
-    # products and the dW/dB accumulators live: over 150 registers at 8 elements per thread for N <= 2048.
-    warps = max(_warps(tile, ELEMENTS_PER_THREAD), min(16, _warps(tile, BWD_ELEMENTS_PER_THREAD)))
+    # Small tiles: half the forward's elements per thread (up to 16 warps, 32 for the heavy ones). The backward keeps
+    # x_hat, dy, their products and the dW/dB accumulators live: over 150 registers at 8 elements per thread for
+    # N <= 2048.
+    most = MAX_WARPS if heavy else 16
+    warps = max(_warps(tile, per_thread), min(most, _warps(tile, BWD_ELEMENTS_PER_THREAD)))
     return LaunchConfig(block_m, block_n, warps, single_block=True)
+
+
+def heavy_backward(plan: NormPlan) -> bool:
+    """The backwards with more live arrays than LayerNorm/RMSNorm's (``bwd_config``'s ``heavy``)."""
+    return plan.gate_position != "none" or plan.pointwise > 0 or plan.memory_efficient
 
 
 @functools.cache
@@ -327,7 +343,7 @@ def launch_backward(
     dx = dx_out if dx_out is not None else _empty((m, n), plan.x_dtype, dev)
     dres = _empty((m, n) if separate else (0,), plan.residual_dtype if separate else plan.x_dtype, dev)
     dgate = _empty((m, n) if compute_dgate else (0,), gate.dtype if gate is not None else plan.x_dtype, dev)
-    cfg = bwd_config(size, plan.max_block_n, plan.dropout_p > 0)
+    cfg = bwd_config(size, plan.max_block_n, plan.dropout_p > 0, heavy_backward(plan))
     programs, rows_per_program = bwd_grid(m, cfg, dev)
     dw_part = _empty((groups * programs, size) if compute_dw else (0,), torch.float32, dev)
     db_part = _empty((groups * programs, size) if compute_db else (0,), torch.float32, dev)

@@ -10,7 +10,6 @@ backward's rule for the weight, operands the kernels cannot read), and Nemotron'
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch
 from torch import Tensor
@@ -102,7 +101,7 @@ def _run_local(plan, x, residual, weight, bias, n, seed, gate, alpha, shift):
     b = None if bias is None else bias.reshape(-1).contiguous()
     a, s = (None if t is None else t.reshape(1) for t in (alpha, shift))
     if plan.memory_efficient and torch.is_grad_enabled() and _any_requires_grad(x, residual, weight, bias):
-        check_rebuildable(plan, w, b)
+        check_rebuildable(plan, weight, bias)  # (the parameters themselves: their versions key the check)
     if torch.compiler.is_compiling():  # an opaque custom op: no graph break
         y, new_residual, _mean, _rstd = norm_fwd(x2, r2, w, b, seed, g2, a, s, *plan.op_args())
     else:  # eager: the same kernels without the op dispatcher's per-call overhead
@@ -141,31 +140,31 @@ def _run_nemotron_autocast(plan, x, residual, weight, bias, n, seed):
 # can be off by more than ~16 ulps of y's dtype. Either is refused, naming the element.
 MIN_WEIGHT = 2.0**-14
 MAX_BIAS_RATIO = 8.0
-_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # weight -> the versions last found fine
+_CHECKED = "_lnblocks_rebuildable_versions"  # attribute of a weight: the (weight, bias) versions last found fine
 
 
 def check_rebuildable(plan: NormPlan, weight: Tensor | None, bias: Tensor | None) -> None:
     """Refuse (``ValueError``) a memory-efficient call whose weight cannot give back x_hat from y (see above).
 
-    Checked when the weight or the bias changed since the last check (their ``_version``: once per optimizer step,
-    never per micro-batch, never in frozen-norm fine-tuning). On CUDA (and while compiling) the check is
+    Checked when the weight or the bias changed since the last check (their storage and ``_version``: once per
+    optimizer step, never per micro-batch, never in frozen-norm fine-tuning). On CUDA (and while compiling) the check is
     ``torch._assert_async``: no host sync, a failure stops the run at the next sync with the message below; on CPU
     it raises a ``ValueError`` naming the element at once.
     """
     if weight is None:  # x_hat = y (l2norm, RMSNorm without a weight): always exact to y's rounding
         return
     compiling = torch.compiler.is_compiling()
-    versions = (weight._version, None if bias is None else (id(bias), bias._version))
-    if not compiling and _CHECKED.get(weight) == versions:
+    versions = tuple(None if t is None else (t.data_ptr(), t._version) for t in (weight, bias))
+    if not compiling and getattr(weight, _CHECKED, None) == versions:
         return
-    w = weight.detach().float()
+    w = weight.detach().reshape(-1).float()
     if plan.zero_centered:
         w = 1.0 + w
         if plan.cast == "nemotron":
             w = w.to(weight.dtype).float()
     limit = torch.full_like(w, MIN_WEIGHT)
     if bias is not None:
-        limit = torch.maximum(limit, bias.detach().float().abs() / MAX_BIAS_RATIO)
+        limit = torch.maximum(limit, bias.detach().reshape(-1).float().abs() / MAX_BIAS_RATIO)
     ok = w.abs() >= limit
     message = (
         f"memory_efficient=True: the backward rebuilds x_hat = (y - b) / w from the saved output, which needs every "
@@ -178,7 +177,7 @@ def check_rebuildable(plan: NormPlan, weight: Tensor | None, bias: Tensor | None
         b = "" if bias is None else f", bias {float(bias.detach().reshape(-1)[j]):.3g}"
         raise ValueError(f"{message}; element {j} has weight {float(w[j]):.3g}{b}. Use memory_efficient=False here.")
     if not compiling:
-        _CHECKED[weight] = versions
+        setattr(weight, _CHECKED, versions)
 
 
 def _changed(name: str, t: Tensor, planned: torch.dtype | None, x: Tensor, n: int | None) -> str:

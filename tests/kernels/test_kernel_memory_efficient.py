@@ -165,3 +165,30 @@ def test_refused_where_it_cannot_apply() -> None:
     x = randn(3, N, dtype=torch.float32).requires_grad_()
     with pytest.raises(RuntimeError, match="memory_efficient=True has no double backward"):
         torch.autograd.grad(norm(x).pow(2).sum(), [x], create_graph=True)
+
+
+def test_the_check_runs_once_per_parameter_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No reduction per micro-batch: the weight is checked again only after it changed (an optimizer step)."""
+    from lnblocks.kernels import run as run_module
+
+    calls = []
+    original = run_module.torch.full_like
+    monkeypatch.setattr(run_module.torch, "full_like", lambda *a, **k: calls.append(1) or original(*a, **k))
+    norm = build_norm("llama", N, backend="triton", device=DEVICE, memory_efficient=True)
+    x = randn(2, N, dtype=torch.float32).requires_grad_()
+    for _ in range(3):
+        norm(x).sum().backward()
+    assert len(calls) == 1
+    with torch.no_grad():
+        norm.weight.mul_(1.5)  # what an optimizer step does: a new version
+    norm(x).sum().backward()
+    assert len(calls) == 2
+
+
+def test_weight_data_replaced_is_checked_again() -> None:
+    norm = build_norm("rmsnorm", N, backend="triton", device=DEVICE, memory_efficient=True, eps=1e-6)
+    x = randn(2, N, dtype=torch.float32).requires_grad_()
+    norm(x).sum().backward()
+    norm.weight.data = torch.zeros(N, device=DEVICE)  # bypasses every hook: a new storage
+    with pytest.raises(ValueError, match="element 0 has weight 0"):
+        norm(x)
