@@ -99,7 +99,7 @@ class Norm(nn.Module):
         return routing.backend_for(self, x, residual)
 
     # ``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the function itself, not a wrapper (one call
-    # less per forward; benchmarks/bench_norm_overhead.py)
+    # less per forward; benchmarks/norms/bench_norm_overhead.py)
     forward = routing.dispatch
 
     # ---- the torch backend -------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Bytes moved by the fused norm kernels, on paper: what each kernel reads and writes per row, and the minimum.
 
-    python benchmarks/traffic.py [--n 4096] [--dtype bfloat16] [--m 16384]
+    python benchmarks/kernels/traffic.py [--n 4096] [--dtype bfloat16] [--m 16384]
 
 The second table is ``lnblocks.hf``'s ``fuse_residual=True``: what fusing the residual add in front of a norm saves
 in an HF decoder layer, per token and per layer, for the widths of well-known checkpoints.
@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 STAT_BYTES = 4  # fp32 mean / rstd per row
 
@@ -145,6 +148,37 @@ def residual_fusion_table(elem: int, dtype_name: str) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel of the per-row table: its name, its variant and its operands at width ``n``, element size ``elem``."""
+
+    kind: str
+    variant: str
+    operands: Callable[[int, int], Operands]
+
+
+def _norm_rows(kind: str, layer_norm: bool, biases: tuple[bool, ...]) -> tuple[KernelRow, ...]:
+    """The fused LayerNorm/RMSNorm kernel's variants: with and without a bias, a residual and dropout."""
+    rows = []
+    for bias in biases:
+        for residual, dropout in ((False, False), (True, False), (True, True), (False, True)):
+            on = [s for s, flag in (("bias", bias), ("residual", residual), ("dropout", dropout)) if flag]
+
+            def operands(n, e, residual=residual, dropout=dropout, bias=bias):
+                return Operands(n, e, e if residual else 0, e, e if bias else 0, e, dropout, layer_norm)
+
+            rows.append(KernelRow(kind, ", ".join(on or ["plain"]), operands))
+    return tuple(rows)
+
+
+# Every kernel of the table, in its order. A new kernel is one more entry: its variants' Operands (and, if it moves
+# other tensors than these, a field of Operands and its term in min_bytes / kernel_bytes).
+KERNEL_ROWS: tuple[KernelRow, ...] = (
+    *_norm_rows("LayerNorm", True, (True, False)),
+    *_norm_rows("RMSNorm", False, (False,)),
+)
+
+
 def table(n: int, m: int, elem: int, dtype_name: str, programs: int) -> list[str]:
     """Markdown: per-row bytes (large-M limit) of each kernel against the minimum, and the backward's partial rows."""
     lines = [
@@ -154,22 +188,16 @@ def table(n: int, m: int, elem: int, dtype_name: str, programs: int) -> list[str
         "| kernel | variant | minimum B/row | B/element | ours, single block | ours, looped | single / min |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for layer_norm in (True, False):
-        for bias in (True, False) if layer_norm else (False,):
-            for residual, dropout in ((False, False), (True, False), (True, True), (False, True)):
-                op = Operands(n, elem, elem if residual else 0, elem, elem if bias else 0, elem, dropout, layer_norm)
-                variant = ", ".join(
-                    [s for s, on in (("bias", bias), ("residual", residual), ("dropout", dropout)) if on] or ["plain"]
-                )
-                kind = "LayerNorm" if layer_norm else "RMSNorm"
-                for direction in ("fwd", "bwd"):
-                    lo = min_bytes(direction, m, op) / m
-                    single = kernel_bytes(direction, m, op, programs=programs) / m
-                    loop = kernel_bytes(direction, m, op, looped=True, programs=programs) / m
-                    lines.append(
-                        f"| {kind} {direction} | {variant} | {lo:,.0f} | {lo / n:.2f} | {single:,.0f} | {loop:,.0f} | "
-                        f"{single / lo:.3f} |"
-                    )
+    for row in KERNEL_ROWS:
+        op = row.operands(n, elem)
+        for direction in ("fwd", "bwd"):
+            lo = min_bytes(direction, m, op) / m
+            single = kernel_bytes(direction, m, op, programs=programs) / m
+            loop = kernel_bytes(direction, m, op, looped=True, programs=programs) / m
+            lines.append(
+                f"| {row.kind} {direction} | {row.variant} | {lo:,.0f} | {lo / n:.2f} | {single:,.0f} | {loop:,.0f} | "
+                f"{single / lo:.3f} |"
+            )
     return lines
 
 
@@ -187,5 +215,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     main()

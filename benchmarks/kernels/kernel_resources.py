@@ -1,6 +1,6 @@
 """Registers, spills, shared memory and occupancy of every fused-kernel configuration, compiled without a GPU.
 
-    python benchmarks/kernel_resources.py [--arch 80 90] [--n 64 16384] [--full] [--json PATH] [--jobs 2]
+    python benchmarks/kernels/kernel_resources.py [--arch 80 90] [--n 64 16384] [--full] [--json PATH] [--jobs 2]
 
 The interpreter runs the kernels as NumPy, so it cannot catch what only the compiler checks (types of loop-carried
 values, layouts, register pressure). ``triton.compile`` with an explicit ``GPUTarget`` runs Triton's whole pipeline,
@@ -27,7 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,16 +35,14 @@ from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU: must be unset before the kernels are decorated
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # what the GPU runs (and silences Triton 3.9's warning)
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-KINDS = ("layernorm", "rmsnorm")
 DTYPES = ("float32", "bfloat16", "float16")
-# variant -> (residual, dropout, zero_centered)
-VARIANTS = {
+# the fused LayerNorm/RMSNorm kernel: variant -> (residual, dropout, zero_centered)
+NORM_VARIANTS = {
     "plain": (False, False, False),
     "residual": (True, False, False),
     "res+dropout": (True, True, False),
@@ -58,6 +56,7 @@ ARCH = {  # per SM: register file, max threads, max resident blocks, max shared 
     90: dict(regs=65536, threads=2048, blocks=32, smem=228 * 1024),
 }
 SMEM_RESERVED_PER_BLOCK = 1024
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "benchmarks" / ".cache" / "kernel_resources.json"
 _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int64: "*i64"}
 
@@ -83,26 +82,33 @@ class Config:
     arch: int
 
 
-def configs(archs, ns, directions=("fwd", "bwd"), kinds=KINDS, dtypes=DTYPES, variants=tuple(VARIANTS)) -> list:
+def configs(archs, ns, directions=("fwd", "bwd"), kinds=None, dtypes=DTYPES, variants=None) -> list[Config]:
+    """Every (arch, pass, kind, dtype, variant, N) asked for; each kind in the variants it has (``KERNELS``)."""
     return [
         Config(d, k, dt, v, n, a)
         for a in archs
         for d in directions
-        for k in kinds
+        for k in kinds or KERNELS
         for dt in dtypes
-        for v in variants
+        for v in KERNELS[k].variants
+        if variants is None or v in variants
         for n in ns
     ]
 
 
 def kernel_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
     """The kernel and the keyword arguments its launcher would pass, built from ``meta`` tensors."""
+    return KERNELS[cfg.kind].call(cfg)
+
+
+def _norm_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
+    """One launch of the fused LayerNorm/RMSNorm kernels (``lnblocks.kernels.jit``)."""
     from lnblocks.kernels.jit import norm_bwd_kernel, norm_fwd_kernel
     from lnblocks.kernels.launch import bwd_config, bwd_kernel_args, fwd_kernel_args
     from lnblocks.kernels.plan import make_plan
     from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 
-    residual, dropout, zero_centered = VARIANTS[cfg.variant]
+    residual, dropout, zero_centered = NORM_VARIANTS[cfg.variant]
     dtype = getattr(torch, cfg.dtype)
     is_rms = cfg.kind == "rmsnorm"
     spec = (RMSNormSpec if is_rms else LayerNormSpec)(eps=1e-5, zero_centered=zero_centered)
@@ -150,11 +156,29 @@ def specialisation(fn: Any, kwargs: dict[str, Any]) -> tuple[dict[str, str], dic
     return signature, constexprs, num_warps, maxnreg
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel family of the table: the variants it is compiled in, and how one launch is built (the kernel and
+    the keyword arguments its launcher passes, fed with ``meta`` tensors)."""
+
+    variants: tuple[str, ...]
+    call: Callable[[Config], tuple[Any, dict[str, Any]]]
+
+
+# Every kernel the table compiles. A new kernel is one entry: its variants and a ``call`` like ``_norm_call`` that
+# builds its launch from the same ``*_kernel_args`` helpers its launcher uses.
+KERNELS: dict[str, Kernel] = {
+    "layernorm": Kernel(tuple(NORM_VARIANTS), _norm_call),
+    "rmsnorm": Kernel(tuple(NORM_VARIANTS), _norm_call),
+}
+VARIANTS = tuple(dict.fromkeys(v for k in KERNELS.values() for v in k.variants))
+
+
 def _source_hash() -> str:
     kernels = ROOT / "lnblocks" / "kernels"
     h = hashlib.sha256(triton.__version__.encode())
-    for name in ("jit.py", "launch.py"):
-        h.update((kernels / name).read_bytes())
+    for path in sorted(kernels.glob("*.py")):  # every kernel source: a new kernel's file invalidates the cache too
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -308,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(ARCH))
     ap.add_argument("--n", type=int, nargs="+", default=list(N_VALUES), help="hidden sizes (default 64 ... 65536)")
     ap.add_argument("--direction", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
-    ap.add_argument("--kind", nargs="+", default=list(KINDS), choices=list(KINDS))
+    ap.add_argument("--kind", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     ap.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--variant", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--full", action="store_true", help="one row per configuration instead of the summary")

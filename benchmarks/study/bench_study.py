@@ -2,7 +2,7 @@
 update/weight ratios, residual-stream norms, eager-attention probe for attention-logit maxima, output logits; every
 10 steps) against a plain training step, as a ratio in one run. Target: <= 1.15x.
 
-    .venv/bin/python benchmarks/bench_study.py [--depths 3 12] [--steps 100] [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/study/bench_study.py [--depths 3 12] [--steps 100] [--repeats 3] [--threads 1]
 
 Times are CPU seconds of this process per training step (robust on a shared machine; equal to wall time on an
 idle core with one thread), median over repeats, alternating the settings. "Every step" logs at every step (an
@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 

@@ -1,6 +1,6 @@
 """What the Ray executor costs per run against the local executors, on the same tiny study (records checked equal).
 
-    .venv/bin/python benchmarks/bench_study_executors.py [--runs 8] [--steps 60]
+    .venv/bin/python benchmarks/study/bench_study_executors.py [--runs 8] [--steps 60]
 
 Times ``run_study`` of one study (N runs of a tiny Markov-chain model) with: the serial executor (this process), two
 local worker processes, and a local Ray instance with 2 CPUs, once with one run at a time (``cpus_per_run: 2``,
@@ -13,9 +13,12 @@ serial executor's (bit-identical apart from timing and host fields).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 from lnblocks.study import read_record, run_study
 

@@ -1,6 +1,6 @@
 """Fused LayerNorm/RMSNorm kernels against torch eager, torch.compile, Liger-Kernel and flash-attn's Triton norm.
 
-    python benchmarks/bench_norm_kernels.py [--out PREFIX] [--budget-s 420] [--variants] [--smoke]
+    python benchmarks/kernels/bench_norm_kernels.py [--out PREFIX] [--budget-s 420] [--variants] [--smoke]
 
 Measures the device's copy bandwidth first (``dst.copy_(src)`` of 1 GiB), then times forward, backward and
 forward+backward of LayerNorm and RMSNorm, with and without the fused residual add, in bf16 and fp32, for M = 16384
@@ -22,16 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
+
 import torch
-from timing import Timer  # benchmarks/timing.py: CUDA events with an L2 flush per repetition
-from traffic import Operands, min_bytes  # benchmarks/traffic.py: the one byte count every contender is divided by
+
+from benchmarks.common.timing import Timer  # CUDA events with an L2 flush per repetition
+from benchmarks.kernels.traffic import Operands, min_bytes  # the one byte count every contender is divided by
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-TARGETS = {"fwd": 90.0, "bwd": 80.0}  # % of copy bandwidth for N >= 2048 (issue 14)
+TARGETS = {"fwd": 90.0, "bwd": 80.0}  # % of copy bandwidth for N >= 2048: near the memory limit
 
 
 def _parse() -> argparse.Namespace:
@@ -216,7 +220,7 @@ def markdown(rows: list[dict], copy_gbps: float, device_name: str, command: str)
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """Targets of issue 14: fwd >= 90% and bwd >= 80% of copy bandwidth for N >= 2048, and fastest in every cell."""
+    """The targets: fwd >= 90% and bwd >= 80% of copy bandwidth for N >= 2048, and fastest in every cell."""
     out = []
     ours = [r for r in rows if r["impl"] == "ours" and r["status"] == "ok"]
     for pas, target in TARGETS.items():
@@ -326,7 +330,7 @@ def main() -> None:
     print(f"{device_name}: copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     flags = (f"--out {args.out}", "--smoke" if args.smoke else "", "--variants" if args.variants else "")
-    command = "python benchmarks/bench_norm_kernels.py " + " ".join(a for a in flags if a)
+    command = "python benchmarks/kernels/bench_norm_kernels.py " + " ".join(a for a in flags if a)
     deadline = time.monotonic() + args.budget_s
     rows: list[dict] = []
     # bf16 first: if the time budget stops torch.compile, the most used dtype has its column complete.

@@ -1,6 +1,6 @@
 """Model-level GPU checks of the fused norms: a GPT-2-small train step and an HF Llama forward+backward.
 
-    python benchmarks/bench_gpu_models.py --out PREFIX [--smoke] [--budget-s 110]
+    python benchmarks/models/bench_gpu_models.py --out PREFIX [--smoke] [--budget-s 110]
 
 1. GPT train step (forward + backward + AdamW, pure bf16, GPT-2-small shape: 12 layers, d=768, 12 heads, T=1024,
    vocab 50257): lnblocks ``GPT`` with the fused norms (``backend="auto"``), the same model with
@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-from timing import Timer  # benchmarks/timing.py: CUDA events, or perf_counter on CPU
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
-ROOT = Path(__file__).resolve().parents[1]
+import torch
+
+from benchmarks.common.timing import Timer  # CUDA events, or perf_counter on CPU
 
 
 def _parse() -> argparse.Namespace:
@@ -305,7 +306,6 @@ def main() -> None:
     smoke = args.smoke or not torch.cuda.is_available()
     if smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before lnblocks.kernels decorates its kernels
-    sys.path.insert(0, str(ROOT))
     device = torch.device("cpu" if smoke else "cuda")
     clock = Timer(device, args.steps or (1 if smoke else 10), 1 if smoke else 3, flush_l2=False)
     result: dict = {

@@ -6,10 +6,10 @@ measured in a fresh subprocess per model (peak RSS minus RSS after building mode
 The lnblocks model is built with ``GPT.from_hf`` from the HF model, and the script checks that both produce the same
 logits and the same greedy tokens before timing, so the comparison is at equal math.
 
-    python benchmarks/bench_model_cpu.py            # nanoGPT's CPU config: 4 layers, d=128, 4 heads, T=64, batch 12
-    python benchmarks/bench_model_cpu.py --quick    # 2 layers, fewer steps (smoke run)
-    python benchmarks/bench_model_cpu.py --dim 256 --vocab 8192 --seq 128 --batch 8   # bigger: matmuls dominate
-    python benchmarks/bench_model_cpu.py --threads 1   # on a loaded, shared machine
+    python benchmarks/models/bench_model_cpu.py          # nanoGPT's CPU config: 4 layers, d=128, 4 heads, T=64, B=12
+    python benchmarks/models/bench_model_cpu.py --quick  # 2 layers, fewer steps (smoke run)
+    python benchmarks/models/bench_model_cpu.py --dim 256 --vocab 8192 --seq 128 --batch 8  # bigger: matmuls dominate
+    python benchmarks/models/bench_model_cpu.py --threads 1   # on a loaded, shared machine
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 

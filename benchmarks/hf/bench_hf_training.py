@@ -1,13 +1,13 @@
-"""HF training stacks, patched vs unpatched, as paired ratios from one run (issue 22):
+"""HF training stacks, patched vs unpatched, as paired ratios from one run:
 
 1. a ``transformers.Trainer`` step of a Llama-shaped model: unpatched, ``PatchNormsCallback`` (norms patched) and
    ``PatchNormsCallback(fuse_residual=True)`` (the residual add before each norm fused into the norm call);
 2. the forward of the same model: unpatched, patched, patched + fused residual.
 
-    python benchmarks/bench_hf_training.py                        # CPU, fp32 and bf16, 1 thread
-    python benchmarks/bench_hf_training.py --device cuda          # GPU: bf16, backend auto (fused Triton kernels)
-    python benchmarks/bench_hf_training.py --smoke --out DIR/hf   # seconds; writes DIR/hf.json (gpu_check.sh)
-    python benchmarks/bench_hf_training.py --report DIR/hf.json   # the table again
+    python benchmarks/hf/bench_hf_training.py                        # CPU, fp32 and bf16, 1 thread
+    python benchmarks/hf/bench_hf_training.py --device cuda          # GPU: bf16, backend auto (fused Triton kernels)
+    python benchmarks/hf/bench_hf_training.py --smoke --out DIR/hf   # seconds; writes DIR/hf.json (gpu_check.sh)
+    python benchmarks/hf/bench_hf_training.py --report DIR/hf.json   # the table again
 
 Pairing: one model object per case; the sides are switched on it (``patch_norms`` / ``unpatch_norms``) between
 timed blocks, in an order that rotates every round, so all sides share weights, caches and machine load. A round's
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 from lnblocks._optional import require
 from lnblocks.hf import patch_norms, unpatch_norms

@@ -1,6 +1,6 @@
 """Per-call overhead of lnblocks norm modules against the HF / torch modules they replace, on the same ATen ops.
 
-    python benchmarks/bench_norm_overhead.py [--rounds 400] [--calls 20] [--threads 1]
+    python benchmarks/norms/bench_norm_overhead.py [--rounds 400] [--calls 20] [--threads 1]
 
 Each pair (``lnblocks.build_norm(preset)`` with the reference's weights, and the reference module) runs the same
 ATen ops, so the time difference is the Python work around them: input checks, backend choice, dispatch. Small inputs
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import lnblocks
 

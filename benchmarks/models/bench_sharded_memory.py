@@ -14,15 +14,19 @@ of PyTorch's fake process group of the wanted world size (collectives are no-ops
   loss. Tensor parallelism only (FSDP does not change activations: a rank holds its ``B / dp_shard`` rows), one
   sequence of ``--seq`` tokens, bf16 weights and activations (the loss's fp32 logits included).
 
-    python benchmarks/bench_sharded_memory.py           # GPT-2 small (vocab padded to 50304) and a Llama-3.2-1B shape
-    python benchmarks/bench_sharded_memory.py --quick   # tiny shapes (seconds)
+    python benchmarks/models/bench_sharded_memory.py          # GPT-2 small (vocab 50304) and a Llama-3.2-1B shape
+    python benchmarks/models/bench_sharded_memory.py --quick  # tiny shapes (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 import torch.distributed as dist

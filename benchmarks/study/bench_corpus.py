@@ -6,7 +6,7 @@
 - batches: ``TokenFileSource.batch`` (memmap re-opened per batch, windows gathered with numpy) against gathering the
   same windows from an in-memory tensor (the built-in Shakespeare source's way).
 
-    .venv/bin/python benchmarks/bench_corpus.py [--vocab 2000] [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/study/bench_corpus.py [--vocab 2000] [--repeats 3] [--threads 1]
 
 ``--threads`` sets ``RAYON_NUM_THREADS`` (tokenizers' pool) and torch's threads; wall-clock medians over repeats.
 """

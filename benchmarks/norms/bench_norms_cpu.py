@@ -1,6 +1,6 @@
 """lnblocks norm modules against torch.nn and the HF classes on CPU, as time ratios measured in one run.
 
-    python benchmarks/bench_norms_cpu.py [--threads N] [--rounds R] [--quick] [--json PATH]
+    python benchmarks/norms/bench_norms_cpu.py [--threads N] [--rounds R] [--quick] [--json PATH]
 
 For each (rows M, hidden N, dtype) it times inference forward (``torch.inference_mode``) and a training
 forward+backward, interleaving the contenders round by round and reporting medians, then prints a markdown table
@@ -17,9 +17,12 @@ import argparse
 import importlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 import torch.nn.functional as F

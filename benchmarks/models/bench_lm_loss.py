@@ -16,8 +16,8 @@ ratio full / chunked, the system-time share ``stime / (utime + stime)`` and mino
 (``profile_memory=True``: every allocation and free of torch's CPU allocator, in order; the peak of the running sum
 above what was held before the call), minus the two gradients both versions must return.
 
-    python benchmarks/bench_lm_loss.py                      # V = 256, 30522, 50257; 5 rounds; 1 thread
-    python benchmarks/bench_lm_loss.py --vocab 30522 --rounds 3 --envs default thp
+    python benchmarks/models/bench_lm_loss.py                      # V = 256, 30522, 50257; 5 rounds; 1 thread
+    python benchmarks/models/bench_lm_loss.py --vocab 30522 --rounds 3 --envs default thp
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 from tqdm import tqdm
 
+from benchmarks.common.memory import peak_extra_mib
 from lnblocks import GPT, BlockConfig, GPTConfig
 from lnblocks.models.loss import lm_head_loss
 
@@ -132,20 +135,6 @@ def child(args: argparse.Namespace) -> None:
             row = {"vocab": vocab, "name": name, "ms": 1e3 * statistics.median(samples[name])}
             row.update(sys_share=st / max(ut + st, 1e-9), faults=flt / (args.rounds * inner))
             print(json.dumps(row), flush=True)
-
-
-def peak_extra_mib(fn: Callable[[], None], keep_bytes: int) -> float:
-    """MiB the allocator held at its peak during ``fn()`` above what it held before, less ``keep_bytes``."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
-    )
-    now = peak = 0
-    for e in events:
-        now += e.nbytes()
-        peak = max(peak, now)
-    return (peak - keep_bytes) / 2**20
 
 
 def memory_table(args: argparse.Namespace) -> list[str]:

@@ -1,5 +1,5 @@
-"""The study's training step at real vocabulary sizes (issue 23), before and after: the full ``(B, T, V)`` logits
-with glibc as it comes (the study until issue 23) against the chunked LM head with the worker's glibc thresholds
+"""The study's training step at real vocabulary sizes, before and after: the full ``(B, T, V)`` logits with glibc
+as it comes (the study before the chunked head) against the chunked LM head with the worker's glibc thresholds
 raised (``lnblocks.study.core.allocator.tune_allocator``: what every executor now does), and the two changes apart.
 
 The step is the study's own (``lnblocks.study.lm.train``): the learning rate set, ``zero_grad``,
@@ -16,9 +16,9 @@ Ratios are before / after. Peak memory (this process, the profiler's allocator e
 head + cross-entropy forward and backward from the hidden states, less the two gradients both return) and the whole
 ``forward_backward`` of a depth-2 step, above what was held before.
 
-    python benchmarks/bench_study_step.py                          # CPU: the table in benchmarks/README.md
-    python benchmarks/bench_study_step.py --device cuda --rounds 3  # GPU (benchmarks/gpu_check.sh): time, memory
-    python benchmarks/bench_study_step.py --smoke                   # seconds: tiny sizes, one round
+    python benchmarks/study/bench_study_step.py                          # CPU: the table in benchmarks/README.md
+    python benchmarks/study/bench_study_step.py --device cuda --rounds 3  # GPU (benchmarks/gpu_check.sh): time, memory
+    python benchmarks/study/bench_study_step.py --smoke                   # seconds: tiny sizes, one round
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
+
 import torch
-from bench_lm_loss import loss_call, peak_extra_mib
 from tqdm import tqdm
 
 import lnblocks.models.loss as L
+from benchmarks.common.memory import peak_extra_mib
+from benchmarks.models.bench_lm_loss import loss_call
 from lnblocks.models import GPT
 from lnblocks.study.core.allocator import tune_allocator
 from lnblocks.study.lm.config import TrainConfig

@@ -1,6 +1,6 @@
 """lnblocks.cnn norms against torch.nn on CPU: time ratios measured in one run (ratio < 1: ours is faster).
 
-    python benchmarks/bench_cnn_norms.py [--threads 1] [--rounds 3] [--shapes 8x32x16x16 32x64x32x32]
+    python benchmarks/norms/bench_cnn_norms.py [--threads 1] [--rounds 3] [--shapes 8x32x16x16 32x64x32x32]
 
 Each row times the same work for both sides with ``torch.utils.benchmark``, alternating baseline and ours for
 ``--rounds`` rounds and keeping each side's best median (robust to other load on a shared machine): a training
@@ -12,7 +12,11 @@ permute path against reducing over dim 1, BatchRenorm's cost over BatchNorm, and
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 import torch.nn.functional as F

@@ -1,7 +1,7 @@
 """What configs/gpt2_small_prepost.yaml costs: its FLOPs per token, measured CPU throughput (full size and shrunk),
 and the GPU-hours estimate its header comment gives.
 
-    .venv/bin/python benchmarks/bench_gpt2_small.py [--threads 2] [--peak-tflops 989] [--mfu 0.4]
+    .venv/bin/python benchmarks/study/bench_gpt2_small.py [--threads 2] [--peak-tflops 989] [--mfu 0.4]
 
 Measured here (CPU): a dense fp32 matmul rate (the machine's ceiling), the full-size model's training step through
 the study trainer (batch 1 x 1024, fp32, 4 steps) and the shrunk config's (what the CPU test runs). The FLOP count
@@ -13,16 +13,19 @@ peak.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import numpy as np
 import torch
 
 from lnblocks.study import load_study, train_run
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "gpt2_small_prepost.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gpt2_small_prepost.yaml"
 ONE_RUN = {"variant": ["pre"], "train.lr": [6.0e-4]}
 CPU_FULL = {
     **ONE_RUN,

@@ -1,7 +1,7 @@
 """Patched vs unpatched HF models: forward and training-step time, as ratios measured in one run.
 
-    .venv/bin/python benchmarks/bench_hf_patch.py                 # CPU (and CUDA when present)
-    .venv/bin/python benchmarks/bench_hf_patch.py --rounds 20 --json out.json
+    .venv/bin/python benchmarks/hf/bench_hf_patch.py                 # CPU (and CUDA when present)
+    .venv/bin/python benchmarks/hf/bench_hf_patch.py --rounds 20 --json out.json
 
 Models: a small Llama-shaped (RMSNorm, Llama cast order) and a small GPT-2-shaped (nn.LayerNorm) model with random
 weights. One model object per case; the patch is toggled between timed runs (``patch_norms`` / ``unpatch_norms``),
@@ -16,9 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 from torch import nn

@@ -10,7 +10,7 @@
 3. The stability monitor's per-step cost: the global gradient norm every step (``stability.grad_norm``, kept on the
    device) against one forward + backward of the demo shape, depths 3 and 12.
 
-    python benchmarks/bench_checkpoint.py [--skip-gpt2] [--depth 3] [--steps 200] [--repeats 3]
+    python benchmarks/study/bench_checkpoint.py [--skip-gpt2] [--depth 3] [--steps 200] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 

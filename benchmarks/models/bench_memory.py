@@ -12,8 +12,8 @@ by batch x sequence.
    HF LlamaRMSNorm and lnblocks' torch and Triton backends (the Triton kernels run in Triton's interpreter on CPU:
    what a kernel saves is decided by its autograd function, not by the device).
 
-    python benchmarks/bench_memory.py            # GPT-2-small width (768, 12 heads), T=128, batch 2
-    python benchmarks/bench_memory.py --quick    # width 128 (CI-sized)
+    python benchmarks/models/bench_memory.py            # GPT-2-small width (768, 12 heads), T=128, batch 2
+    python benchmarks/models/bench_memory.py --quick    # width 128 (CI-sized)
 """
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU: run the fused kernels in Triton's interpreter
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks.common, this lnblocks
 
 import torch
 from torch import Tensor, nn
