@@ -1,20 +1,25 @@
-"""Fused LayerNorm/RMSNorm kernels against torch eager, torch.compile, Liger-Kernel and flash-attn's Triton norm.
+"""Fused norm kernels against torch eager, torch.compile, Liger-Kernel, flash-attn, quack and cuDNN (through
+Transformer Engine), as percentages of a device copy of the same bytes.
 
-    python benchmarks/kernels/bench_norm_kernels.py [--out PREFIX] [--budget-s 420] [--variants] [--smoke]
+    python benchmarks/kernels/bench_norm_kernels.py [--out PREFIX] [--budget-s 420] [--variants] [--smoke] [--no-flush]
 
-Measures the device's copy bandwidth first (``dst.copy_(src)`` of 1 GiB), then times forward, backward and
-forward+backward of LayerNorm and RMSNorm, with and without the fused residual add, in bf16 and fp32, for M = 16384
-and 1024 rows and N in {1024, ..., 16384}. Each cell is the median of CUDA-event timings with the L2 cache flushed
-before every repetition, reported as time, GB/s of the bytes the pass must move (read x, write y, and so on; the
-same count for every contender) and percent of the measured copy bandwidth. Writes ``PREFIX.md``, ``PREFIX.json``
-(rewritten after every configuration, so an interrupted run keeps what it measured) and ``PREFIX.png``.
+Times forward, backward and forward+backward of every norm in ``contenders.OPS`` (LayerNorm and RMSNorm), with and
+without the fused residual add, in bf16 and fp32, for M = 16384 and 1024 rows and N in {1024, ..., 16384}. Each cell
+is the median of CUDA-event timings with the L2 cache flushed before every repetition (a 256 MiB write outside the
+timed region, ``benchmarks.common.timing``), reported as time, GB/s of the bytes the pass must move (read x, write y,
+and so on: ``traffic.min_bytes``, the same count for every contender) and percent of a copy that moves the same
+bytes, timed the same way (``bandwidth.CopyBaseline``); a 1 GiB copy is quoted as the device's ceiling. Cells whose
+backward may read from L2 what their forward wrote are marked (``bandwidth.l2_mark``); ``--no-flush`` times with a
+warm L2 and marks every cell that fits in it. Writes ``PREFIX.md``, ``PREFIX.json`` (rewritten after every
+configuration, so an interrupted run keeps what it measured) and ``PREFIX.png``.
 
-Contenders: ``ours`` (``lnblocks.kernels.fused_add_norm``), ``torch`` (``x + r`` then ``F.layer_norm`` /
-``F.rms_norm``), ``compile`` (``torch.compile`` of that eager code; skipped once ``--budget-s`` is spent), and
-``liger`` / ``flash-attn`` where importable. ``--variants`` checks the single-block limits: ``ours-looped`` (the
-chunked path forced with ``max_block_n=4096``) at N = 8192, and ``ours-single`` (one block of 16384, the tile that
-spills 88-784 bytes, see kernel_resources.py) at N = 16384, where ``ours`` loops. Without CUDA (or with
-``--smoke``) it runs a tiny CPU version in seconds, the kernels under ``TRITON_INTERPRET=1``.
+Contenders (``contenders.CONTENDERS``): ``ours`` (``lnblocks.kernels.fused_add_norm``), ``torch`` (``x + r`` then
+``F.layer_norm`` / ``F.rms_norm``), ``compile`` (``torch.compile`` of that; skipped once ``--budget-s`` is spent),
+and ``liger``, ``flash-attn``, ``quack`` and ``cudnn (TE)`` where importable (each missing one is named with the
+reason). ``--variants`` checks the single-block limits: ``ours-looped`` (the chunked path forced with
+``max_block_n=4096``) at N = 8192, and ``ours-single`` (one block of 16384, the tile that spills 88-784 bytes, see
+kernel_resources.py) at N = 16384, where ``ours`` loops. Without CUDA (or with ``--smoke``) it runs a tiny CPU
+version in seconds, the kernels under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: b
 
 import torch
 
-from benchmarks.common.timing import Timer  # CUDA events with an L2 flush per repetition
-from benchmarks.kernels.traffic import Operands, min_bytes  # the one byte count every contender is divided by
-
-PASSES = ("fwd", "bwd", "fwd+bwd")
-TARGETS = {"fwd": 90.0, "bwd": 80.0}  # % of copy bandwidth for N >= 2048: near the memory limit
+from benchmarks.common.env import environment
+from benchmarks.common.timing import Timer
+from benchmarks.kernels.bandwidth import PEAK_COPY_BYTES, CopyBaseline, l2_mark, pct_of_copy
+from benchmarks.kernels.contenders import OPS, Context, Fn, Inputs, build_all
+from benchmarks.kernels.kernel_report import PASSES, markdown, plot
+from benchmarks.kernels.traffic import min_bytes
 
 
 def _parse() -> argparse.Namespace:
@@ -44,132 +50,67 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run (automatic without CUDA)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop compiling torch.compile after this many s")
     ap.add_argument("--variants", action="store_true", help="also time other tiles at N = 8192 and 16384")
+    ap.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS), help="norms to time")
+    ap.add_argument("--no-flush", action="store_true", help="keep L2 warm between repetitions (cells marked L2)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--report-only", action="store_true", help="rebuild PREFIX.md/.png from PREFIX.json (cut-off run)")
     ap.add_argument("--no-plot", action="store_true", help="write no PREFIX.png")
     return ap.parse_args()
 
 
-def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
-    """GB/s of a device-to-device copy (read + write), the ceiling a memory-bound kernel can approach."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    return 2 * nbytes / timer(lambda: dst.copy_(src)) / 1e9
+class Bench:
+    """The run's clock and copy baseline, and what every row records about where its bytes may come from."""
 
+    def __init__(self, device: torch.device, reps: int, warmup: int, flush: bool, deadline: float) -> None:
+        self.device, self.deadline = device, deadline
+        self.timer = Timer(device, reps, warmup, flush_l2=flush)
+        self.copy = CopyBaseline(device, self.timer)
+        # the ceiling: a copy reading and writing PEAK_COPY_BYTES each (64 MiB on CPU)
+        self.peak_bytes = 2 * (PEAK_COPY_BYTES if device.type == "cuda" else 64 * 2**20)
+        self.peak_gbps = self.copy.gbps(self.peak_bytes)
 
-def bytes_moved(pas: str, m: int, n: int, elem: int, residual: bool, layer_norm: bool) -> int:
-    """Bytes a pass must move (``traffic.min_bytes``): fwd reads x (and r), writes y (and x + r) and the fp32 stats;
-    bwd reads the saved input, dy (and the new residual's gradient) and the stats, writes dx, dW (and dB)."""
-    op = Operands(n, elem, elem if residual else 0, elem, elem if layer_norm else 0, elem, False, layer_norm)
-    return min_bytes(pas, m, op)
-
-
-# ---- contenders -----------------------------------------------------------------------------------------------------
-def contenders(layer_norm: bool, n: int, eps: float, args: argparse.Namespace, smoke: bool) -> dict[str, object]:
-    """name -> fn(x, r, w, b) returning y or (y, x + r); or a string saying why the contender is missing."""
-    import torch.nn.functional as F
-
-    from lnblocks.kernels import fused_add_norm
-    from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
-
-    spec = LayerNormSpec(eps=eps) if layer_norm else RMSNormSpec(eps=eps)
-
-    def eager(x, r, w, b):
-        h = x if r is None else x + r
-        y = F.layer_norm(h, (n,), w, b, eps) if layer_norm else F.rms_norm(h, (n,), w, eps)
-        return y if r is None else (y, h)
-
-    out: dict[str, object] = {
-        "ours": lambda x, r, w, b: fused_add_norm(x, r, w, b, spec),
-        "torch": eager,
-        "compile": "skipped (smoke run)" if smoke else torch.compile(eager, dynamic=False),
-    }
-    if args.variants and n == 8192:
-        out["ours-looped"] = lambda x, r, w, b: fused_add_norm(x, r, w, b, spec, max_block_n=4096)
-    if args.variants and n == 16384:
-        out["ours-single"] = lambda x, r, w, b: fused_add_norm(x, r, w, b, spec, max_block_n=16384)
-    out["liger"] = _liger(layer_norm, eps) if not smoke else "skipped (smoke run)"
-    out["flash-attn"] = _flash_attn(layer_norm, eps) if not smoke else "skipped (smoke run)"
-    return out
-
-
-def _liger(layer_norm: bool, eps: float) -> object:
-    """Liger-Kernel's norms (RMSNorm with the residual: its fused add+RMSNorm; LayerNorm: add, then its kernel)."""
-    try:
-        if layer_norm:
-            from liger_kernel.ops.layer_norm import LigerLayerNormFunction as Fn
-
-            def fn(x, r, w, b):
-                h = x if r is None else x + r
-                y = Fn.apply(h, w, b, eps)
-                return y if r is None else (y, h)
-        else:
-            from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction as AddFn
-            from liger_kernel.ops.rms_norm import LigerRMSNormFunction as Fn
-
-            def fn(x, r, w, b):
-                if r is not None:
-                    return AddFn.apply(x, r, w, eps, 0.0, "llama", False)  # (y, x + r); offset, casting, in_place
-                return Fn.apply(x, w, eps, 0.0, "llama", False)  # offset, casting_mode, in_place=False
-    except ImportError as err:
-        return f"not importable ({err.name})"
-    return fn
-
-
-def _flash_attn(layer_norm: bool, eps: float) -> object:
-    try:
-        from flash_attn.ops.triton.layer_norm import layer_norm_fn, rms_norm_fn
-    except ImportError as err:
-        return f"not importable ({err.name})"
-    norm_fn = layer_norm_fn if layer_norm else rms_norm_fn
-
-    def fn(x, r, w, b):
-        return norm_fn(x, w, b, residual=r, eps=eps, prenorm=r is not None)
-
-    return fn
+    def cell(self, row: dict, fwd_bytes: int, fn: Callable[[], object]) -> None:
+        """Time ``fn`` into ``row``: µs, GB/s, % of the same-size copy and of the peak copy, and the L2 mark."""
+        secs = self.timer(fn)
+        copy_gbps = self.copy.gbps(row["bytes"])
+        row.update(time_us=secs * 1e6, gbps=row["bytes"] / secs / 1e9, copy_gbps=copy_gbps)
+        row.update(pct_copy=pct_of_copy(row["gbps"], copy_gbps), pct_peak=pct_of_copy(row["gbps"], self.peak_gbps))
+        row["l2"] = l2_mark(row["pass_"], row["bytes"], fwd_bytes, self.timer.l2_bytes, self.timer.flushes)
 
 
 # ---- one configuration ----------------------------------------------------------------------------------------------
-def run_config(cfg: dict, impls: dict[str, object], timer: Timer, copy_gbps: float, device, deadline: float) -> list:
-    m, n, dtype = cfg["M"], cfg["N"], getattr(torch, cfg["dtype"])
-    layer_norm, residual = cfg["norm"] == "layernorm", cfg["residual"]
-    x = torch.randn(m, n, device=device, dtype=dtype, requires_grad=True)
-    r = torch.randn(m, n, device=device, dtype=dtype, requires_grad=True) if residual else None
-    w = torch.randn(n, device=device, dtype=dtype, requires_grad=True)
-    b = torch.randn(n, device=device, dtype=dtype, requires_grad=True) if layer_norm else None
-    leaves = [t for t in (x, r, w, b) if t is not None]
-    grads = [torch.randn(m, n, device=device, dtype=dtype) for _ in range(2 if residual else 1)]
+def run_config(cfg: dict, impls: dict[str, Fn | str], bench: Bench) -> list[dict]:
+    op, dtype = OPS[cfg["norm"]], getattr(torch, cfg["dtype"])
+    m, n, residual = cfg["M"], cfg["N"], cfg["residual"]
+    inputs = op.inputs(m, n, dtype, bench.device, residual)
+    grads = [torch.randn(m, n, device=bench.device, dtype=dtype) for _ in range(2 if residual else 1)]
+    operands = op.operands(n, dtype.itemsize, residual)
+    fwd_bytes = min_bytes("fwd", m, operands)
     rows = []
     for name, fn in impls.items():
         status = fn if isinstance(fn, str) else "ok"
         if status == "ok" and name == "compile":
-            if time.monotonic() > deadline:
+            if time.monotonic() > bench.deadline:
                 status = "skipped (time budget)"
-            for t in (x, r):
+            for t in (inputs.x, inputs.residual):  # one compile for both M (N static)
                 if t is not None:
                     torch._dynamo.mark_dynamic(t, 0)
         for pas in PASSES:
-            row = dict(
-                cfg,
-                impl=name,
-                pass_=pas,
-                bytes=bytes_moved(pas, m, n, dtype.itemsize, residual, layer_norm),
-                status=status,
-            )
+            row = dict(cfg, impl=name, pass_=pas, bytes=min_bytes(pas, m, operands), status=status)
             if status == "ok":
                 try:
-                    secs = timer(_pass_fn(pas, fn, (x, r, w, b), leaves, grads))
-                    row.update(time_us=secs * 1e6, gbps=row["bytes"] / secs / 1e9)
-                    row["pct_copy"] = 100 * row["gbps"] / copy_gbps
+                    bench.cell(row, fwd_bytes, _pass_fn(pas, fn, inputs, grads))
                 except Exception as err:  # a contender failing must not stop the table
                     row["status"] = f"error: {type(err).__name__}: {str(err)[:120]}"
             rows.append(row)
     return rows
 
 
-def _pass_fn(pas: str, fn, inputs, leaves, grads) -> Callable[[], object]:
-    def outputs():
-        out = fn(*inputs)
+def _pass_fn(pas: str, fn: Fn, inputs: Inputs, grads: list[torch.Tensor]) -> Callable[[], object]:
+    leaves = inputs.leaves()
+
+    def outputs() -> list[torch.Tensor]:
+        out = fn(inputs)
         return [out] if isinstance(out, torch.Tensor) else list(out)
 
     if pas == "fwd":
@@ -180,189 +121,82 @@ def _pass_fn(pas: str, fn, inputs, leaves, grads) -> Callable[[], object]:
     return lambda: torch.autograd.grad(saved, leaves, grads, retain_graph=True)
 
 
-# ---- reporting ------------------------------------------------------------------------------------------------------
-def _cell(row: dict) -> str:
-    if row["status"] != "ok":
-        return "–"
-    t = row["time_us"]
-    return f"{t:.1f} µs · {row['gbps']:.3g} GB/s · {row['pct_copy']:.0f}%"
-
-
-def markdown(rows: list[dict], copy_gbps: float, device_name: str, command: str) -> str:
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    lines = [f"Device: {device_name}; measured copy bandwidth {copy_gbps:.0f} GB/s. Command: `{command}`", ""]
-    missing = {r["impl"]: r["status"] for r in rows if r["status"] != "ok" and not r["status"].startswith("error")}
-    for impl, why in missing.items():
-        lines.append(f"- `{impl}`: {why}")
-    for pas in PASSES:
-        lines += [
-            "",
-            f"### {pas}",
-            "",
-            "| norm | residual | dtype | M | N | " + " | ".join(impls) + " |",
-            "|---" * (5 + len(impls)) + "|",
-        ]
-        keys = list(dict.fromkeys((r["norm"], r["residual"], r["dtype"], r["M"], r["N"]) for r in rows))
-        for key in keys:
-            cells = {
-                r["impl"]: r
-                for r in rows
-                if r["pass_"] == pas and (r["norm"], r["residual"], r["dtype"], r["M"], r["N"]) == key
-            }
-            timed = [c for c in cells.values() if c["status"] == "ok"]
-            best = min(timed, key=lambda c: c["time_us"])["impl"] if timed else None
-            row = [str(k) for k in key] + [
-                (f"**{_cell(cells[i])}**" if i == best else _cell(cells[i])) if i in cells else "" for i in impls
-            ]
-            lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "### Summary", "", *summary(rows)]
-    return "\n".join(lines) + "\n"
-
-
-def summary(rows: list[dict]) -> list[str]:
-    """The targets: fwd >= 90% and bwd >= 80% of copy bandwidth for N >= 2048, and fastest in every cell."""
-    out = []
-    ours = [r for r in rows if r["impl"] == "ours" and r["status"] == "ok"]
-    for pas, target in TARGETS.items():
-        cells = [r for r in ours if r["pass_"] == pas and r["N"] >= 2048]
-        met = [r for r in cells if r["pct_copy"] >= target]
-        out.append(f"- {pas} >= {target:.0f}% of copy bandwidth (N >= 2048): {len(met)}/{len(cells)} cells")
-        out += [
-            f"  - below: {r['norm']} res={r['residual']} {r['dtype']} M={r['M']} N={r['N']}: {r['pct_copy']:.0f}%"
-            for r in cells
-            if r["pct_copy"] < target
-        ][:12]
-    losses = []
-    for r in ours:
-        rivals = [
-            o
-            for o in rows
-            if o["status"] == "ok"
-            and not o["impl"].startswith("ours")
-            and all(o[k] == r[k] for k in ("norm", "residual", "dtype", "M", "N", "pass_"))
-        ]
-        faster = [o for o in rivals if o["time_us"] < r["time_us"]]
-        if faster:
-            best = min(faster, key=lambda o: o["time_us"])
-            losses.append(
-                f"{r['norm']} res={r['residual']} {r['dtype']} M={r['M']} N={r['N']} {r['pass_']}: "
-                f"{best['impl']} {best['time_us']:.1f} µs vs ours {r['time_us']:.1f} µs"
-            )
-    out.append(f"- ours fastest in {len(ours) - len(losses)}/{len(ours)} cells")
-    out += [f"  - slower: {line}" for line in losses[:40]]
-    if len(losses) > 40:
-        out.append(f"  - ... and {len(losses) - 40} more (see the JSON)")
-    return out
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    big_m = max(r["M"] for r in rows)
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharey=True, squeeze=False)
-    for i, norm in enumerate(("layernorm", "rmsnorm")):
-        for j, pas in enumerate(PASSES):
-            ax = axes[i][j]
-            for impl in dict.fromkeys(r["impl"] for r in rows):
-                for residual, style in ((False, "-"), (True, "--")):
-                    pts = sorted(
-                        (r["N"], r["pct_copy"])
-                        for r in rows
-                        if r["impl"] == impl
-                        and r["norm"] == norm
-                        and r["pass_"] == pas
-                        and r["residual"] == residual
-                        and r["status"] == "ok"
-                        and r["M"] == big_m
-                        and r["dtype"] == "bfloat16"
-                    )
-                    if pts:
-                        ax.plot(*zip(*pts), style, marker="o", label=f"{impl}{' +res' if residual else ''}")
-            ax.set_title(f"{norm} {pas} (bf16, M={big_m})")
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("N")
-            ax.set_ylabel("% of copy bandwidth")
-            ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 # ---- main ----------------------------------------------------------------------------------------------------------
-def main() -> None:
-    args = _parse()
-    out = Path(args.out)
-    if args.report_only:
-        data = json.loads(out.with_suffix(".json").read_text())
-        text = markdown(data["rows"], data["copy_gbps"], data["device"], data["command"])
-        out.with_suffix(".md").write_text(text)
-        if not args.no_plot:
-            plot(data["rows"], out.with_suffix(".png"))
-        print(text)
-        return
-    smoke = args.smoke or not torch.cuda.is_available()
-    if smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before lnblocks.kernels decorates its kernels
+def _configure_compile() -> None:
+    """One compile per (norm, residual, dtype, N) with M marked dynamic (both M share it), N static; a high cache
+    limit so that no configuration silently falls back to eager."""
     from torch._dynamo import config as dynamo_config
     from torch._functorch import config as functorch_config
 
-    # torch.compile: one compile per (norm, residual, dtype, N) with M marked dynamic (both M share it), N static;
-    # a high cache limit so that no configuration silently falls back to eager.
     dynamo_config.automatic_dynamic_shapes = False
     functorch_config.donated_buffer = False  # the backward is replayed on a retained graph
     dynamo_config.cache_size_limit = 512
     if hasattr(dynamo_config, "accumulated_cache_size_limit"):
         dynamo_config.accumulated_cache_size_limit = 4096
+
+
+def _write(out: Path, payload: dict) -> None:
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    tmp.replace(out.with_suffix(".json"))
+
+
+def _report(out: Path, payload: dict, no_plot: bool) -> None:
+    text = markdown(payload)
+    out.with_suffix(".md").write_text(text)
+    if not no_plot:
+        plot(payload["rows"], out.with_suffix(".png"))
+    print(text)
+
+
+def main() -> None:
+    args = _parse()
+    out = Path(args.out)
+    if args.report_only:
+        _report(out, json.loads(out.with_suffix(".json").read_text()), args.no_plot)
+        return
+    smoke = args.smoke or not torch.cuda.is_available()
+    if smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before lnblocks.kernels decorates its kernels
+    _configure_compile()
     device = torch.device("cpu" if smoke else "cuda")
     if smoke:
-        ms, ns, dtypes, reps, warmup, copy_bytes = (64,), (256,), ["bfloat16"], 2, 1, 64 * 2**20
+        ms, ns, dtypes, reps, warmup = (64,), (256,), ["bfloat16"], 2, 1
     else:
-        ms, ns = (16384, 1024), (1024, 2048, 4096, 8192, 16384)
-        dtypes, reps, warmup, copy_bytes = ["bfloat16", "float32"], 20, 3, 2**30
-    timer = Timer(device, args.reps or reps, warmup)
-    copy_gbps = copy_bandwidth(device, timer, copy_bytes)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke run, interpreter)"
-    print(f"{device_name}: copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
+        ms, ns, dtypes, reps, warmup = (16384, 1024), (1024, 2048, 4096, 8192, 16384), ["bfloat16", "float32"], 20, 3
+    bench = Bench(device, args.reps or reps, warmup, not args.no_flush, time.monotonic() + args.budget_s)
+    env = environment(device)
+    device_name = env["device"] if device.type == "cuda" else "CPU (smoke run, interpreter)"
+    print(f"{device_name}: copy bandwidth {bench.peak_gbps:.0f} GB/s; L2 {env.get('l2_bytes')} B", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    flags = (f"--out {args.out}", "--smoke" if args.smoke else "", "--variants" if args.variants else "")
+    flags = (f"--out {args.out}", "--smoke" if args.smoke else "", "--variants" if args.variants else "",
+             "--no-flush" if args.no_flush else "")  # fmt: skip
     command = "python benchmarks/kernels/bench_norm_kernels.py " + " ".join(a for a in flags if a)
-    deadline = time.monotonic() + args.budget_s
-    rows: list[dict] = []
+    payload = dict(device=device_name, copy_gbps=bench.peak_gbps, copy_peak_bytes=bench.peak_bytes,
+                   l2_bytes=bench.timer.l2_bytes,
+                   flushed=bench.timer.flushes, command=command, torch=torch.__version__, env=env, rows=[])  # fmt: skip
     # bf16 first: if the time budget stops torch.compile, the most used dtype has its column complete.
     configs = [
         dict(norm=norm, residual=res, dtype=dt, M=m, N=n)
         for dt in dtypes
-        for norm in ("layernorm", "rmsnorm")
+        for norm in args.ops
         for res in (False, True)
         for n in ns
         for m in ms
     ]
     for i, cfg in enumerate(configs):
-        eps = 1e-5 if cfg["norm"] == "layernorm" else 1e-6
-        new = run_config(
-            cfg, contenders(cfg["norm"] == "layernorm", cfg["N"], eps, args, smoke), timer, copy_gbps, device, deadline
-        )
-        rows += new
+        impls = build_all(OPS[cfg["norm"]], Context(cfg["N"], device, smoke, args.variants))
+        new = run_config(cfg, impls, bench)
+        payload["rows"] += new
+        payload["copy_by_bytes"] = dict(sorted(bench.copy.measured.items()))
         ours = {r["pass_"]: r for r in new if r["impl"] == "ours" and r["status"] == "ok"}
         print(
             f"[{i + 1}/{len(configs)}] {cfg} ours: "
             + ", ".join(f"{p} {ours[p]['pct_copy']:.0f}%" for p in PASSES if p in ours),
             flush=True,
         )
-        payload = dict(device=device_name, copy_gbps=copy_gbps, command=command, torch=torch.__version__, rows=rows)
-        tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(payload, indent=1, default=str))
-        tmp.replace(out.with_suffix(".json"))
-    text = markdown(rows, copy_gbps, device_name, command)
-    out.with_suffix(".md").write_text(text)
-    if not args.no_plot:
-        plot(rows, out.with_suffix(".png"))
-    print(text)
+        _write(out, payload)
+    _report(out, payload, args.no_plot)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ Ratios are before / after. Peak memory (this process, the profiler's allocator e
 head + cross-entropy forward and backward from the hidden states, less the two gradients both return) and the whole
 ``forward_backward`` of a depth-2 step, above what was held before.
 
-    python benchmarks/study/bench_study_step.py                          # CPU: the table in benchmarks/README.md
-    python benchmarks/study/bench_study_step.py --device cuda --rounds 3  # GPU (benchmarks/gpu_check.sh): time, memory
-    python benchmarks/study/bench_study_step.py --smoke                   # seconds: tiny sizes, one round
+    python benchmarks/study/bench_study_step.py                   # CPU: the table in benchmarks/study/README.md
+    python benchmarks/study/bench_study_step.py --device cuda --rounds 3  # GPU (gpu_check.sh): time, memory
+    python benchmarks/study/bench_study_step.py --smoke            # seconds: tiny sizes, one round
 """
 
 from __future__ import annotations
