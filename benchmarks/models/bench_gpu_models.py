@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: b
 
 import torch
 
+from benchmarks.common.env import environment
 from benchmarks.common.timing import Timer  # CUDA events, or perf_counter on CPU
 
 
@@ -311,6 +312,7 @@ def main() -> None:
     result: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "CPU (smoke run, interpreter)",
         "torch": torch.__version__,
+        "env": environment(device),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     for key, section in (("gpt", gpt_section), ("llama", llama_section)):
