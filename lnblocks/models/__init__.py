@@ -3,13 +3,13 @@ training (``lnblocks.models.parallel``, lazy: ``parallelize``, ``ParallelConfig`
 
 from typing import Any
 
-from lnblocks.models.config import INIT_SCHEMES, POSITIONS, GPTConfig, mix_ln
+from lnblocks.models.config import INIT_SCHEMES, POSITIONS, GPTConfig, hybridnorm, mix_ln
 from lnblocks.models.gpt import GPT
 from lnblocks.models.init import init_weights
 
 _PARALLEL = ("ParallelConfig", "build_mesh", "parallelize")
 
-__all__ = ["GPT", "INIT_SCHEMES", "POSITIONS", "GPTConfig", "init_weights", "mix_ln", *_PARALLEL]
+__all__ = ["GPT", "INIT_SCHEMES", "POSITIONS", "GPTConfig", "hybridnorm", "init_weights", "mix_ln", *_PARALLEL]
 
 
 def __getattr__(name: str) -> Any:
