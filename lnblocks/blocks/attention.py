@@ -257,7 +257,7 @@ class Attention(nn.Module):
             att = softcap(att, self.config.softcap)  # before the mask, as Gemma 2
         if self.config.causal:
             att = att.masked_fill(~self._mask(q.shape[2], k.shape[2], q.device), float("-inf"))
-        probs = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = torch.softmax(att, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
         if not torch.compiler.is_compiling():
             self.last_stats = self._stats(att, probs)
         probs = F.dropout(probs, p=self.attn_dropout, training=self.training)

@@ -234,8 +234,8 @@ class BlockConfig(AddedFields, Config):
         if self.mlp_placement not in (None, self.placement) and not (p.sublayer and pm.sublayer):
             raise ConfigValueError(
                 "mlp_placement",
-                f"a per-sublayer placement needs both sublayers' placements among {single} (one stream, no "
-                f"block-level constant), got placement={self.placement!r}, mlp_placement={self.mlp_placement!r}",
+                f"sets a per-sublayer placement: both sublayers' placements must be among {single} (one stream, "
+                f"no block-level constant), got placement={self.placement!r}, mlp_placement={self.mlp_placement!r}",
             )
         if self.norm.residual_in_fp32 and (p.siamese or p.normalized or pm.residual_after_norm or p.residual_after_norm
                                            or self.hyper_connections is not None):  # fmt: skip

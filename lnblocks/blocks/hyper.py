@@ -175,13 +175,13 @@ class HyperConnection(nn.Module):
         """``(pre (..., n), post (..., n), residual (..., n, n))`` for ``streams`` ``(B, T, n, C)``."""
         kind, n = self.config.kind, self.n
         if kind == "mhc":
-            eps = self.config.eps
-            flat = streams.flatten(-2).float()  # (B, T, nC)
+            eps, dtype = self.config.eps, torch.promote_types(streams.dtype, torch.float32)
+            flat = streams.flatten(-2).to(dtype)  # (B, T, nC), at least fp32
             flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
-            mixes = flat @ self.phi.float().t()  # (B, T, (2 + n) n)
+            mixes = flat @ self.phi.to(dtype).t()  # (B, T, (2 + n) n)
             pre, post, res = mixes.split([n, n, n * n], dim=-1)
-            b_pre, b_post, b_res = self.bias.float().split([n, n, n * n])
-            s_pre, s_post, s_res = self.scale.float().unbind(0)
+            b_pre, b_post, b_res = self.bias.to(dtype).split([n, n, n * n])
+            s_pre, s_post, s_res = self.scale.to(dtype).unbind(0)
             pre = torch.sigmoid(pre * s_pre + b_pre) + eps
             post = 2 * torch.sigmoid(post * s_post + b_post)
             comb = sinkhorn_knopp((res * s_res + b_res).unflatten(-1, (n, n)), self.config.sinkhorn_iters, eps)
