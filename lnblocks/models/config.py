@@ -223,3 +223,16 @@ def hybridnorm(block: BlockConfig, n_layers: int, star: bool = False) -> tuple[B
     hybrid = block.replace(placement="none", mlp_placement="normed_residual", qk_norm=qkv, v_norm=qkv)
     first = hybrid.replace(placement="pre", mlp_placement=None) if star else hybrid
     return (first, *(hybrid,) * (n_layers - 1))
+
+
+def ngpt_block(**options: Any) -> BlockConfig:
+    """nGPT's block (Loshchilov et al. 2024, arXiv 2410.01131): placement ``"ngpt"``, no biases, a SwiGLU MLP;
+    ``options`` are any other ``BlockConfig`` fields (``attention`` / ``mlp`` keys merge into those defaults). Use
+    it with ``positions="rope"`` (or ``"none"``) and call ``GPT.normalize_weights_()`` after every optimizer step."""
+
+    def plain(value: Any) -> dict:
+        return value.to_dict() if hasattr(value, "to_dict") else dict(value)
+
+    attention = {"qkv_bias": False, "out_bias": False, **plain(options.pop("attention", {}))}
+    mlp = {"activation": "swiglu", "bias": False, **plain(options.pop("mlp", {}))}
+    return BlockConfig.from_dict({**options, "placement": "ngpt", "attention": attention, "mlp": mlp})

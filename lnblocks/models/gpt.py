@@ -101,8 +101,8 @@ class GPT(nn.Module):
         """Embeddings and blocks; returns the LM head's input ``(B, T, C)``."""
         T = idx.shape[1]
         x = self.tok_emb(idx)  # (B, T, C)
-        if self.config.emb_scale is not None:  # Gemma: times sqrt(d), the factor rounded to the model dtype
-            x = x * torch.tensor(self.config.emb_scale, dtype=x.dtype, device=x.device)
+        if self.config.emb_scale is not None:  # Gemma: times sqrt(d), the fp32 factor rounded to the model dtype
+            x = x * torch.tensor(self.config.emb_scale, device=x.device).to(x.dtype)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
         if self.emb_norm is not None:
@@ -290,6 +290,14 @@ class GPT(nn.Module):
         """``{"blocks.{i}.W_Q": tensor, ...}``: every layer's matrices by role (``Block.matrices``), or their grads."""
         return {f"blocks.{i}.{k}": v for i, blk in enumerate(self.blocks) for k, v in blk.matrices(grad).items()}
 
+    def probe(self, idx: Tensor) -> Any:
+        """Per layer the attention sink (first-token attention mass), max / median ``|h|`` (massive activations) and
+        the hyper-connections' composite mixing gain, from one eval-mode forward on ``idx``
+        (``lnblocks.models.probe``: a ``ModelProbe``; the eager attention runs for this call only)."""
+        from lnblocks.models.probe import probe
+
+        return probe(self, idx)
+
     def attention_stats(self) -> list[AttentionStats]:
         """Per layer, the ``AttentionStats`` (per-head max logit and entropy) of the latest forward pass.
 
@@ -307,15 +315,15 @@ class GPT(nn.Module):
     # ---- HF interop -----------------------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, model: Any) -> GPT:
-        """The lnblocks GPT equal to a ``GPT2LMHeadModel`` or a Llama-shaped ``*ForCausalLM`` (Llama, Mistral, Qwen2,
-        Qwen3), with its weights copied; see ``lnblocks.models.hf_convert``."""
+        """The lnblocks GPT equal to a ``GPT2LMHeadModel``, a Llama-shaped ``*ForCausalLM`` (Llama, Mistral, Qwen2,
+        Qwen3) or a ``Gemma2ForCausalLM``, with its weights copied; see ``lnblocks.models.hf_convert``."""
         from lnblocks.models.hf_convert import from_hf
 
         return from_hf(model)
 
     def to_hf(self, family: str | None = None) -> Any:
         """The ``transformers`` model equal to this one (``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``,
-        ``"qwen3"``; None picks gpt2 or llama from the config), with the weights copied."""
+        ``"qwen3"``, ``"gemma2"``; None picks gpt2 or llama from the config), with the weights copied."""
         from lnblocks.models.hf_convert import to_hf
 
         return to_hf(self, family)
