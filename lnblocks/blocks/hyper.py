@@ -18,7 +18,9 @@ H_post^T f(H_pre x)`` with, from the RMS-normalised flattened streams ``x~`` (``
 sigmoid(a_pre x~ phi_pre + b_pre)``, ``H_post = 2 sigmoid(a_post x~ phi_post + b_post)`` and ``H_res =
 SinkhornKnopp(a_res mat(x~ phi_res) + b_res)``, a doubly stochastic matrix (``sinkhorn_knopp``). Computed in fp32
 as DeepSeek-V4's ``DeepseekV4HyperConnection`` in ``transformers`` does (its eps guards included; the tests check
-the two agree), initialised as it is there (``phi ~ N(0, std)``, ``b = 0``, ``a = 1``).
+the two agree), initialised as it is there (``phi ~ N(0, std)``, ``b = 0``, ``a = 1``). The papers' full texts were
+not reachable here: the formulas follow their abstracts' and HC's Algorithm 2 (as public implementations cite it) and
+DeepSeek-V4's module, so no equation numbers are cited.
 
 ``composite_gain`` multiplies the layers' residual mixing matrices (``A_r^T`` or ``H_res``, in the orientation
 ``x' = M x``) and returns the largest absolute row and column sums of the product (mHC's "Amax gain magnitude").

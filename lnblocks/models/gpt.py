@@ -166,7 +166,8 @@ class GPT(nn.Module):
         term (``z_loss`` its coefficient, 0 off) and, with ``head_stats`` (default: without targets), the max
         logit and per-position log Z. The loss is today's within float summation order (see that module).
         ``return_hidden=True`` adds a third item: ``n_layers + 1`` tensors ``(B, T, C)``, the residual stream after
-        the embedding and after each block (before any final norm; for ResiDual the post-norm stream).
+        the embedding and after each block (before any final norm; for ResiDual the post-norm stream, for
+        SiameseNorm the Post-like stream x, with hyper-connections the streams summed).
         """
         self._check_idx(idx, 0)
         if targets is not None:

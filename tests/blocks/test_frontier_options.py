@@ -1,7 +1,7 @@
 """The 2025-26 block options against direct fp64 transcriptions of their papers' formulas (in
-``tests/blocks/reference.py``): V-norm and HybridNorm (arXiv 2503.04598), the gated attention output (2505.06708), attention soft-capping (Gemma 2,
-2408.00118), nGPT's block (2410.01131), SiameseNorm (2602.08064), hyper-connections (2409.19606) and mHC
-(2512.24880), with mHC also against DeepSeek-V4's module in ``transformers``."""
+``tests/blocks/reference.py``): V-norm and HybridNorm (arXiv 2503.04598), the gated attention output (2505.06708),
+attention soft-capping (Gemma 2, 2408.00118), nGPT's block (2410.01131), SiameseNorm (2602.08064), hyper-connections
+(2409.19606) and mHC (2512.24880), with mHC also against DeepSeek-V4's module in ``transformers``."""
 
 from __future__ import annotations
 

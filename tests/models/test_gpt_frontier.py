@@ -199,3 +199,20 @@ def test_cross_entropy_reference_for_the_capped_head_counts_ignored_rows_out() -
     t = torch.full((6,), -100)
     loss, _ = capped_lm_head_loss(h, w, t, 2.0)
     assert loss.isnan() and F.cross_entropy(softcap(h @ w.T, 2.0), t).isnan()
+
+
+@pytest.mark.parametrize(
+    ("block", "positions"),
+    [
+        (BlockConfig(dim=32, placement="siamese"), "learned"),
+        (ngpt_block(dim=32), "rope"),
+        (BlockConfig(dim=32, hyper_connections={"kind": "mhc", "n_streams": 2}), "learned"),
+        (BlockConfig(dim=32, attention={"softcap": 2.0, "output_gate": "elementwise"}), "rope"),
+    ],
+    ids=["siamese", "ngpt", "mhc", "gate_softcap"],
+)
+def test_generation_with_the_kv_cache_equals_recompute(block: BlockConfig, positions: str) -> None:
+    model = _gpt(block, positions=positions, final_softcap=5.0)
+    idx = _ids(2, 5)
+    cached = model.generate(idx, 6, temperature=0)
+    assert torch.equal(cached, model.generate(idx, 6, temperature=0, use_cache=False))
