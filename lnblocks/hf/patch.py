@@ -36,8 +36,8 @@ from torch import Tensor, nn
 
 from lnblocks.config import check_bool, check_choice
 from lnblocks.hf import residual as R
-from lnblocks.hf.classes import NormMath, recognise
 from lnblocks.hf.families import ROLES, role_map_for
+from lnblocks.hf.recognition import NormMath, recognise
 from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport
 from lnblocks.hf.wrappers import NORM_KEY, base_model_name, hooked_by_accelerate, is_patched, is_peft_model, role_name
 from lnblocks.norms import Norm, build_norm

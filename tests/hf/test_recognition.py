@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from lnblocks.hf import is_patched, patch_norms
-from lnblocks.hf.classes import math_of_class, recognise
+from lnblocks.hf.recognition import math_of_class, recognise
 
 transformers = pytest.importorskip("transformers")
 
