@@ -12,7 +12,8 @@ from typing import Any
 
 from lnblocks.hf.families import ROLES
 from lnblocks.hf.global_patch import patch_transformers, unpatch_transformers
-from lnblocks.hf.patch import is_patched, patch_norms, patched_norms, unpatch_norms
+from lnblocks.hf.patch import patch_norms, patched_norms, unpatch_norms
+from lnblocks.hf.record import is_patched
 from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport
 from lnblocks.hf.stacks import from_pretrained
 

@@ -14,14 +14,11 @@ from __future__ import annotations
 import re
 
 from torch import nn
+from torch.nn.modules import module as _torch_module
 
-NORM_KEY = "_lnblocks_norm"  # instance attribute holding the lnblocks norm of a patched module
+from lnblocks.hf.record import is_patched
+
 _PEFT_SUFFIX = re.compile(r"\.(?:original_module|modules_to_save\.[^.]+)$")
-
-
-def is_patched(module: nn.Module) -> bool:
-    """True if ``module``'s forward currently runs an lnblocks norm."""
-    return NORM_KEY in module.__dict__
 
 
 def hooked_by_accelerate(module: nn.Module) -> bool:
@@ -43,6 +40,22 @@ def wrapped_copies(module: nn.Module) -> list[nn.Module]:
 def takes_residual(module: nn.Module) -> bool:
     """True if calling ``module(x, residual=r)`` runs an lnblocks norm, whichever copy a PEFT wrapper picks."""
     return all(is_patched(m) for m in wrapped_copies(module))
+
+
+def has_hooks(module: nn.Module, copies: list[nn.Module] | None = None) -> bool:
+    """True if a call of ``module`` (or of a copy a PEFT wrapper runs) runs a forward or backward hook: its own or a
+    global one (``torch.nn.modules.module.register_module_forward_hook``). Hooks see a call's arguments and result,
+    so a fused call ``norm(x, residual=r)`` would show them ``x`` instead of the norm's input ``x + r``. ``copies``:
+    ``wrapped_copies(module)`` when the caller has it."""
+    g = _torch_module
+    if g._global_forward_pre_hooks or g._global_forward_hooks:
+        return True
+    if g._global_backward_pre_hooks or g._global_backward_hooks:
+        return True
+    for m in (module, *(wrapped_copies(module) if copies is None else copies)):  # a loop: this runs per fused call
+        if m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks or m._backward_hooks:
+            return True
+    return False
 
 
 def role_name(name: str) -> str:

@@ -143,9 +143,12 @@ def _same_others(norm: Norm, others: tuple[tuple[str, Tensor], ...]) -> bool:
 
 
 def _read(norm: Norm, name: str) -> tuple[Any, bool]:
-    """The tensor ``norm.<name>`` and whether it is registered (a parametrization computes a new one per call)."""
-    registered = name in norm._parameters or name in norm._buffers
-    return getattr(norm, name), registered
+    """The tensor ``norm.<name>`` and whether a cached route may keep it (a parametrization computes a new one per
+    call); None where a shared parameter dict lacks the name (``Norm.share_parameters``)."""
+    if name in norm._parameters or name in norm._buffers:
+        return getattr(norm, name), True
+    value = getattr(norm, name, None)
+    return value, value is None
 
 
 def backend_for(norm: Norm, x: Tensor, residual: Tensor | None = None) -> str:
@@ -155,7 +158,7 @@ def backend_for(norm: Norm, x: Tensor, residual: Tensor | None = None) -> str:
         return TORCH
     from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
 
-    tensors = [(name, getattr(norm, name)) for name in norm._vectors]
+    tensors = [(name, getattr(norm, name, None)) for name in norm._vectors]
     reason = unavailable_reason(spec, x, residual=residual, parameters=tensors, row_numel=norm._row_numel)
     if spec.backend == TRITON:
         if reason is not None:
