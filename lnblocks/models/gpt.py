@@ -262,7 +262,7 @@ class GPT(nn.Module):
         Qwen3), with its weights copied; see ``lnblocks.models.hf_convert``."""
         from lnblocks.models.hf_convert import from_hf
 
-        return from_hf(model)
+        return from_hf(model, cls)
 
     def to_hf(self, family: str | None = None) -> Any:
         """The ``transformers`` model equal to this one (``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``,
