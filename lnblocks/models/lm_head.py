@@ -68,8 +68,8 @@ def default_chunk_rows(n_rows: int, vocab: int, buffers: int = 3) -> int:
     24``; the recomputing backward's four, with headroom: five, ``n_rows / 40``), rounded down to a multiple of 8
     (whole SIMD/GEMM tiles, which keeps rows bit-identical), but at least 8 and at least
     ``MIN_CHUNK_ELEMENTS / vocab`` (rounded up to a multiple of 8), and at most ``n_rows / MAX_CHUNK_FRACTION``.
-    Few, large chunks: each chunk reads the head weight twice and its gradient once more (lnblocks issue 23: at
-    V = 50,257, 40-row chunks took 12% less CPU time than 16-row ones)."""
+    Few, large chunks: each chunk reads the head weight twice and its gradient once more (measured at V = 50,257:
+    40-row chunks took 12% less CPU time than 16-row ones)."""
     if n_rows * vocab <= SINGLE_CHUNK_ELEMENTS:
         return max(n_rows, 1)
     by_memory = n_rows // (buffers * LOGITS_FRACTION) // 8 * 8
@@ -102,7 +102,8 @@ class _ChunkBuffers:
     """The fp32 ``(rows, V)`` buffers of one call's chunks, allocated once and reused by every chunk: the logits
     (then the loss's gradient to the log-probabilities), the log-probabilities, the logits' gradient. Per chunk that
     is no allocation, no page faults and no freshly zeroed memory, and the chunk's data stays at the same addresses
-    (lnblocks issue 23: about 13% of the head's CPU time at V = 30,522; ``benchmarks/bench_study_step.py``)."""
+    (a fresh allocation per chunk cost about 13% of the head's CPU time at V = 30,522;
+    ``benchmarks/bench_study_step.py``)."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device, count: int) -> None:
         self.bufs = [torch.empty(rows, vocab, device=device) for _ in range(count)]
