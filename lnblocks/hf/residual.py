@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from lnblocks.hf.layer_source import read_forward
-from lnblocks.hf.record import FUSION_KEY, LayerFusion, fusion_of, is_fused, is_patched
-from lnblocks.hf.wrappers import base_model_name, has_hooks, hooked_by_accelerate, wrapped_copies
+from lnblocks.hf.record import FUSION_KEY, LayerFusion, fusion_of, is_fused
+from lnblocks.hf.wrappers import base_model_name, hooked_by_accelerate, takes_residual, wrapped_copies
 
 log = logging.getLogger("lnblocks.hf")
 
@@ -49,10 +49,14 @@ log = logging.getLogger("lnblocks.hf")
 def add_norm(norm: nn.Module, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """``s = a + b; return norm(s), s``, as the one call ``norm(a, residual=b)`` where ``norm`` runs lnblocks and
     no hook would see the call."""
-    if isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.device == b.device:
-        copies = wrapped_copies(norm)
-        if all(is_patched(m) for m in copies) and not has_hooks(norm, copies):
-            return norm(a, residual=b)
+    if (
+        isinstance(a, Tensor)
+        and isinstance(b, Tensor)
+        and a.shape == b.shape
+        and a.device == b.device
+        and takes_residual(norm)
+    ):
+        return norm(a, residual=b)
     s = a + b
     return norm(s), s
 
