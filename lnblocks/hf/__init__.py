@@ -34,7 +34,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:  # PatchNormsCallback subclasses transformers.TrainerCallback: built on first use
     if name == "PatchNormsCallback":
-        from lnblocks.hf.stacks import _callback_class
+        from lnblocks.hf import stacks
 
-        return _callback_class()
+        return stacks.PatchNormsCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
