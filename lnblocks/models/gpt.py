@@ -22,7 +22,7 @@ from lnblocks.config import check_bool, check_float, check_int
 from lnblocks.models.capped_loss import capped_lm_head_loss
 from lnblocks.models.config import GPTConfig
 from lnblocks.models.init import init_weights
-from lnblocks.models.loss import check_targets, lm_head_loss
+from lnblocks.models.lm_head import check_targets, lm_head_loss
 from lnblocks.norms import build_norm
 
 IGNORE_INDEX = -100  # targets equal to it are skipped, as in F.cross_entropy and HF
@@ -161,7 +161,7 @@ class GPT(nn.Module):
         """``idx``: ``(B, T)`` token ids. Returns ``(logits, loss)``: logits ``(B, T, vocab_size)`` in the model dtype;
         loss the mean fp32 cross-entropy against ``targets`` ``(B, T)`` (entries -100 ignored), or None.
 
-        ``return_logits=False``: the LM head and the loss in chunks of rows (``lnblocks.models.loss.lm_head_loss``),
+        ``return_logits=False``: the LM head and the loss in chunks of rows (``lnblocks.models.lm_head.lm_head_loss``),
         never holding the ``(B, T, V)`` logits; returns ``(LMHeadStats, loss)``, the stats carrying the z-loss
         term (``z_loss`` its coefficient, 0 off) and, with ``head_stats`` (default: without targets), the max
         logit and per-position log Z. The loss is today's within float summation order (see that module).
@@ -320,7 +320,7 @@ class GPT(nn.Module):
         Qwen3) or a ``Gemma2ForCausalLM``, with its weights copied; see ``lnblocks.models.hf_convert``."""
         from lnblocks.models.hf_convert import from_hf
 
-        return from_hf(model)
+        return from_hf(model, cls)
 
     def to_hf(self, family: str | None = None) -> Any:
         """The ``transformers`` model equal to this one (``"gpt2"``, ``"llama"``, ``"mistral"``, ``"qwen2"``,

@@ -8,17 +8,16 @@ along rows (q/k/v into ``qkv``, gate/up into ``fc1``); GPT-2's ``Conv1D`` stores
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lnblocks._optional import require
 from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config
 from lnblocks.norms import MODEL_FAMILIES
 
-if TYPE_CHECKING:
-    from lnblocks.models.gpt import GPT
+M = TypeVar("M", bound=nn.Module)  # the GPT class: GPT.from_hf passes itself, so this module need not import it
 
 Entry = tuple[str, tuple[str, ...], bool]  # (lnblocks key, HF keys concatenated on dim 0, transposed)
 
@@ -74,20 +73,20 @@ def _check_lm(model: Any) -> Any:
     return config
 
 
-def from_hf(model: Any) -> GPT:
-    """The lnblocks ``GPT`` computing what ``model`` computes, with its weights (same dtype, same train/eval mode)."""
+def from_hf(model: Any, gpt_class: type[M]) -> M:
+    """The lnblocks ``GPT`` (``gpt_class``) computing what ``model`` computes, with its weights (same dtype, same
+    train/eval mode)."""
     require("transformers")
     from lnblocks.models import hf_gemma2
-    from lnblocks.models.gpt import GPT
 
     config = _check_lm(model)
     if hf_gemma2.is_gemma2(config):  # Gemma 2: its own config translation and weight table
-        return hf_gemma2.from_hf(model)
+        return hf_gemma2.from_hf(model, gpt_class)
     family = family_of(config)
     gpt_cfg = config_from_hf(config)
     hf_sd = model.state_dict()
     param = next(model.parameters())
-    gpt = GPT(gpt_cfg).to(device=param.device, dtype=param.dtype)
+    gpt = gpt_class(gpt_cfg).to(device=param.device, dtype=param.dtype)
     target = gpt.state_dict()
     sd: dict[str, Tensor] = {}
     for lb, hf_keys, transpose in _table(family, gpt_cfg.n_layers):
@@ -106,9 +105,10 @@ def from_hf(model: Any) -> GPT:
     return gpt
 
 
-def to_hf(gpt: GPT, family: str | None = None) -> Any:
-    """The ``transformers`` model of ``family`` computing what ``gpt`` computes (weights copied; a bias the HF family
-    has and ``gpt`` lacks is exported as zeros). Options the family cannot express raise ``ValueError`` naming each."""
+def to_hf(gpt: nn.Module, family: str | None = None) -> Any:
+    """The ``transformers`` model of ``family`` computing what ``gpt`` (a ``GPT``) computes (weights copied; a bias the
+    HF family has and ``gpt`` lacks is exported as zeros). Options the family cannot express raise ``ValueError``
+    naming each."""
     transformers = require("transformers")
     from lnblocks.models import hf_gemma2
 

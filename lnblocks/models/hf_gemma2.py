@@ -10,10 +10,10 @@ norm and final-logit soft-capping (``final_softcap``). ``config_from_hf`` states
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lnblocks._optional import require
 from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
@@ -21,8 +21,7 @@ from lnblocks.models.config import GPTConfig
 from lnblocks.models.hf_configs import _rope_theta, _token_ids, config_diff
 from lnblocks.norms import NORM_PRESETS
 
-if TYPE_CHECKING:
-    from lnblocks.models.gpt import GPT
+M = TypeVar("M", bound=nn.Module)  # the GPT class, passed by GPT.from_hf (this module does not import it)
 
 FAMILY = "gemma2"
 HF_LM_CLASS = "Gemma2ForCausalLM"
@@ -132,13 +131,12 @@ def weight_table(n_layers: int) -> list[Entry]:
     return t
 
 
-def from_hf(model: Any) -> GPT:
-    """The lnblocks ``GPT`` computing what the ``Gemma2ForCausalLM`` ``model`` computes, with its weights."""
-    from lnblocks.models.gpt import GPT
-
+def from_hf(model: Any, gpt_class: type[M]) -> M:
+    """The lnblocks ``GPT`` (``gpt_class``) computing what the ``Gemma2ForCausalLM`` ``model`` computes, with its
+    weights."""
     cfg = config_from_hf(model.config)
     param = next(model.parameters())
-    gpt = GPT(cfg).to(device=param.device, dtype=param.dtype)
+    gpt = gpt_class(cfg).to(device=param.device, dtype=param.dtype)
     hf_sd, target = model.state_dict(), gpt.state_dict()
     sd: dict[str, Tensor] = {}
     for lb, hf_keys in weight_table(cfg.n_layers):
@@ -155,7 +153,7 @@ def from_hf(model: Any) -> GPT:
     return gpt
 
 
-def to_hf(gpt: GPT) -> Any:
+def to_hf(gpt: nn.Module) -> Any:
     """The ``Gemma2ForCausalLM`` computing what ``gpt`` computes (a bias Gemma 2 has and ``gpt`` lacks exports as
     zeros); options Gemma 2 cannot express raise ``ValueError`` naming each."""
     transformers = require("transformers")

@@ -69,6 +69,18 @@ class Norm(nn.Module):
         options = {k: v for k, v in spec.to_dict().items() if k != "kind"}
         return cls(normalized_shape, **options, **factory)
 
+    def share_parameters(self, module: nn.Module) -> None:
+        """Read ``module``'s Parameters from now on: its own parameter dict, shared, not copied.
+
+        ``lnblocks.hf`` runs a patched HF module's math through this norm; sharing the dict keeps it on the live
+        Parameters after ``.to()``, ``.half()``, ``to_empty`` or ``load_state_dict(assign=True)`` replace them. A
+        tensor the norm reads and ``module`` lacks reads as None (Cohere's LayerNorm has no ``bias`` at all).
+        """
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        object.__setattr__(self, "_parameters", module._parameters)
+        self._routes.clear()
+
     def _register_vector(self, name: str, enabled: bool, factory: dict[str, Any]) -> None:
         # Registered as None when disabled, as torch.nn.LayerNorm does, so state_dict keys match torch's.
         param = nn.Parameter(torch.empty(self.normalized_shape, **factory)) if enabled else None

@@ -20,16 +20,15 @@ Nothing is cached for a parametrized weight (a new tensor every call), a DTensor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 from torch.compiler import is_compiling, is_dynamo_compiling
 
 from lnblocks.norms import functional as LF
-
-if TYPE_CHECKING:
-    from lnblocks.norms.modules import Norm
+from lnblocks.norms.spec import NormSpec
 
 TORCH, TRITON = "torch", "triton"
 _MISSING = object()
@@ -69,6 +68,29 @@ class Route:
             setattr(self, name, fields.get(name))
 
 
+class RoutedNorm(Protocol):
+    """What a call's routing reads of a norm module: ``lnblocks.norms.modules.Norm`` and its subclasses (which
+    import this module, so it names their interface instead of importing them)."""
+
+    spec: NormSpec
+    normalized_shape: tuple[int, ...] | None
+    _routes: RouteCache
+    _parameters: dict[str, Any]
+    _buffers: dict[str, Any]
+    _vectors: tuple[str, ...]  # tensors of shape normalized_shape the math reads
+    _scalars: tuple[str, ...]  # one-element tensors the math reads
+    _fused_kernel: bool
+    _row_blocks_on_cpu: bool
+    _last_dim: int | None
+    _row_numel: int
+
+    def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype: ...
+
+    def _math(self, route: Route) -> tuple[Callable[..., Tensor], tuple]: ...
+
+    def _rows(self, x: Tensor, fn: Callable[..., Tensor], args: tuple) -> Tensor: ...
+
+
 class RouteCache:
     """A module's routes, keyed by x's dtype (or ``(x.dtype, residual.dtype)``) per device kind (``cpu``: not CUDA,
     ``cuda``), and the backend of the latest eager call. Copies and pickles of a module start empty (the routes hold
@@ -92,7 +114,7 @@ class RouteCache:
         return RouteCache, ()
 
 
-def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+def dispatch(norm: RoutedNorm, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the cached route, else the full checks."""
     cache = norm._routes
     if not is_dynamo_compiling():  # (a plain `return False` in eager: the cheapest test)
@@ -138,24 +160,27 @@ def _add_and_normalize(x: Tensor, residual: Tensor, route: Route) -> tuple[Tenso
     return y, new_residual
 
 
-def _same_others(norm: Norm, others: tuple[tuple[str, Tensor], ...]) -> bool:
+def _same_others(norm: RoutedNorm, others: tuple[tuple[str, Tensor], ...]) -> bool:
     return all(norm._parameters.get(name, norm._buffers.get(name, _MISSING)) is t for name, t in others)
 
 
-def _read(norm: Norm, name: str) -> tuple[Any, bool]:
-    """The tensor ``norm.<name>`` and whether it is registered (a parametrization computes a new one per call)."""
-    registered = name in norm._parameters or name in norm._buffers
-    return getattr(norm, name), registered
+def _read(norm: RoutedNorm, name: str) -> tuple[Any, bool]:
+    """The tensor ``norm.<name>`` and whether a cached route may keep it (a parametrization computes a new one per
+    call); None where a shared parameter dict lacks the name (``Norm.share_parameters``)."""
+    if name in norm._parameters or name in norm._buffers:
+        return getattr(norm, name), True
+    value = getattr(norm, name, None)
+    return value, value is None
 
 
-def backend_for(norm: Norm, x: Tensor, residual: Tensor | None = None) -> str:
+def backend_for(norm: RoutedNorm, x: Tensor, residual: Tensor | None = None) -> str:
     """The backend a call on ``x`` (and ``residual``) runs; raises if ``"triton"`` was asked for and cannot run."""
     spec = norm.spec
     if not norm._fused_kernel or spec.backend == TORCH or (spec.backend == "auto" and not x.is_cuda):
         return TORCH
     from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
 
-    tensors = [(name, getattr(norm, name)) for name in norm._vectors]
+    tensors = [(name, getattr(norm, name, None)) for name in norm._vectors]
     reason = unavailable_reason(spec, x, residual=residual, parameters=tensors, row_numel=norm._row_numel)
     if spec.backend == TRITON:
         if reason is not None:
@@ -164,7 +189,7 @@ def backend_for(norm: Norm, x: Tensor, residual: Tensor | None = None) -> str:
     return TRITON if reason is None else TORCH
 
 
-def plan_route(norm: Norm, x: Tensor, residual: Tensor | None) -> Route:
+def plan_route(norm: RoutedNorm, x: Tensor, residual: Tensor | None) -> Route:
     """Check the call fully and decide how calls like it run; cached in ``norm`` when a later call can reuse it."""
     _check_operands(norm, x, residual)
     spec, shape = norm.spec, norm.normalized_shape
@@ -213,7 +238,7 @@ def plan_route(norm: Norm, x: Tensor, residual: Tensor | None) -> Route:
     return route
 
 
-def _check_operands(norm: Norm, x: Tensor, residual: Tensor | None) -> None:
+def _check_operands(norm: RoutedNorm, x: Tensor, residual: Tensor | None) -> None:
     LF.check_float_tensor("x", x)
     if norm.normalized_shape is not None:
         LF.check_trailing(x, norm.normalized_shape)

@@ -1,4 +1,4 @@
-"""The kernel package reads top to bottom (issue 19): reference math -> plan -> kernels -> launchers -> one autograd /
+"""The kernel package reads top to bottom: reference math -> plan -> kernels -> launchers -> one autograd /
 custom-op layer -> entry points, in at most six files, every import pointing one way.
 
 Imports are read from the source (module level and inside functions alike), so a lazy import that closes a circle

@@ -224,7 +224,7 @@ def test_num_params_and_tied_head() -> None:
     ],
 )
 def test_bad_model_inputs(call, error: type, match: str) -> None:
-    """Targets too: out of range or float ones gave raw torch errors (IndexError, RuntimeError), lnblocks issue 24."""
+    """Targets too: out of range or float ones gave raw torch errors (IndexError, RuntimeError)."""
     with pytest.raises(error, match=match):
         call(small())
 

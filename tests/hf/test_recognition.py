@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from lnblocks.hf import is_patched, patch_norms
-from lnblocks.hf.classes import math_of_class, recognise
+from lnblocks.hf.recognition import math_of_class, recognise
+from lnblocks.hf.record import record_of
 
 transformers = pytest.importorskip("transformers")
 
@@ -214,6 +215,24 @@ def test_olmo_and_cohere_layernorms_patch_bit_identical(module_name, cls_name, r
     y, total = patched(x, residual=r)
     assert torch.equal(total, x + r) and torch.equal(y, original(x + r))
     assert torch.equal(patched(x.double()), original(x.double()))  # fp64: the class's fp32 compute
+
+
+@pytest.mark.parametrize("module_name,cls_name", [("cohere", "CohereLayerNorm"), ("olmo", "OlmoLayerNorm")])
+def test_layernorm_classes_without_a_bias_run_the_kernel_route(module_name, cls_name):
+    """``backend="triton"`` (``"auto"`` on CUDA): the kernel reads the class's Parameters, and a bias the class
+    does not have at all (Cohere) or no Parameter at all (OLMo) is none; the kernel's fp32 math with one rounding
+    is within fp32 rounding of the class's."""
+    cls = _hf_class(module_name, cls_name)
+    torch.manual_seed(0)
+    original = cls(96, **({"eps": 1e-5} if module_name == "cohere" else {}))
+    with torch.no_grad():
+        for p in original.parameters():
+            p.normal_(0.0, 1.0)
+    patched = copy.deepcopy(original)
+    patch_norms(patched, backend="triton")
+    x = torch.randn(3, 7, 96) * 3 + 0.5
+    torch.testing.assert_close(patched(x), original(x), rtol=1e-5, atol=1e-5)
+    assert record_of(patched).norm.last_backend == "triton"
 
 
 def test_cohere_per_head_layernorm_is_left_unknown():
