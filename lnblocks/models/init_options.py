@@ -11,17 +11,12 @@ or reference implementation specifies, so that an option leaves the init of ever
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from lnblocks.models.gpt import GPT
-
 
 @torch.no_grad()
-def init_options(model: GPT, scheme: str) -> None:
+def init_options(model: nn.Module, scheme: str) -> None:
     """Initialise the option parameters of ``model`` under ``scheme`` (see the module docstring)."""
     std = model.config.init_std
     for blk in model.blocks:

@@ -17,15 +17,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lnblocks.blocks import MixingGain, composite_gain
-
-if TYPE_CHECKING:
-    from lnblocks.models.gpt import GPT
 
 
 class LayerProbe(NamedTuple):
@@ -49,7 +46,7 @@ class ModelProbe(NamedTuple):
 
 
 @contextlib.contextmanager
-def _recording(model: GPT) -> Iterator[list]:
+def _recording(model: nn.Module) -> Iterator[list]:
     """Eager attention in every layer and hyper-connections recording their mixing; both restored on exit."""
     saved = [blk.attn.config for blk in model.blocks]
     hcs = [hc for blk in model.blocks for hc in (blk.attn_hc, blk.mlp_hc) if hc is not None]
@@ -70,7 +67,7 @@ def _recording(model: GPT) -> Iterator[list]:
 
 
 @torch.no_grad()
-def probe(model: GPT, idx: Tensor) -> ModelProbe:
+def probe(model: nn.Module, idx: Tensor) -> ModelProbe:
     """The diagnostics of one eval-mode forward pass of ``model`` on token ids ``idx`` ``(B, T)``."""
     with _recording(model) as hcs:
         _, _, hidden = model(idx, return_hidden=True)  # n_layers + 1 x (B, T, C)
