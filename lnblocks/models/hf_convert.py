@@ -7,6 +7,7 @@ along rows (q/k/v into ``qkv``, gate/up into ``fc1``); GPT-2's ``Conv1D`` stores
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -106,6 +107,7 @@ def to_hf(gpt: GPT, family: str | None = None) -> Any:
     """The ``transformers`` model of ``family`` computing what ``gpt`` computes (weights copied; a bias the HF family
     has and ``gpt`` lacks is exported as zeros). Options the family cannot express raise ``ValueError`` naming each."""
     transformers = require("transformers")
+    gpt._check_unsharded("to_hf()")
     cfg = gpt.config
     if family is None:
         family = "gpt2" if cfg.positions == "learned" else "llama"
@@ -113,9 +115,19 @@ def to_hf(gpt: GPT, family: str | None = None) -> Any:
         raise ValueError(f"unknown family {family!r}; choices: {list(FAMILIES)}")
     hf_cfg = hf_config(transformers, cfg, family)
     half = next(gpt.parameters()).dtype in (torch.float16, torch.bfloat16)
-    problems = config_diff(config_from_hf(hf_cfg), cfg, family, half=half)
+    expected = config_from_hf(hf_cfg)
+    problems = config_diff(expected, cfg, family, half=half)
     if problems:
         raise ValueError(f"cannot export to {family}: " + "; ".join(problems))
+    fp32_only = [] if half else config_diff(expected, cfg, family, half=True)
+    if fp32_only:  # exact now, but the HF config cannot carry it: say so rather than drop it without a word
+        warnings.warn(
+            f"to_hf({family!r}): the export is exact for these fp32 weights, but {family} cannot express "
+            + "; ".join(fp32_only)
+            + ": cast to fp16/bf16, the HF model rounds where this one does not",
+            UserWarning,
+            stacklevel=3,
+        )
     model_cls = getattr(transformers, MODEL_FAMILIES[family].hf_lm_class)
     param = next(gpt.parameters())
     model = model_cls(hf_cfg).to(device=param.device, dtype=param.dtype)
