@@ -112,6 +112,7 @@ def _tree(root: Path) -> None:
     (root / "store" / "linked").mkdir(parents=True)
     (root / "store" / "linked" / "three.txt").write_text("3")
     (root / "a" / "link").symlink_to(root / "store" / "linked", target_is_directory=True)
+    (root / "a-b").symlink_to(root / "store" / "linked", target_is_directory=True)  # "a-b/" sorts before "a/"
 
 
 def _glob_files(pattern: str) -> list[str]:
@@ -132,6 +133,7 @@ def test_double_star_matches_what_glob_matches_when_there_is_no_loop(tmp_path: P
         got = list(map(str, expand_patterns("files", (pattern,))))
         assert got == _glob_files(pattern), pattern
     assert "a/link/three.txt" in map(str, expand_patterns("files", ("a/**/*.txt",)))  # symlinked folders followed
+    assert "a-b/three.txt" in map(str, expand_patterns("files", ("**/*.txt",)))  # by the path that sorts first
 
 
 LOOPS = """

@@ -75,23 +75,25 @@ def _file_id(path: str) -> tuple[int, int] | None:
 
 def _folders(base: str) -> Iterator[str]:
     """``base`` and every folder under it that is not hidden, symlinked folders followed, but each folder (its
-    ``(device, inode)``) once: walked depth first, entries in sorted order, so the first path met is the one listed.
-    A symlink loop (``ln -s .. up``) or a folder linked twice then ends the walk instead of repeating it forever."""
+    ``(device, inode)``) once. Walked depth first with sibling folders in the order of ``name + "/"``, which visits
+    paths in sorted order, so a folder is reached first by the path that sorts first: the one Python's glob listed
+    first, which ``expand_patterns`` kept. A symlink loop (``ln -s .. up``) or a folder linked twice then ends the
+    walk instead of repeating it forever."""
     seen: set[tuple[int, int]] = set()
     stack = [base]
     while stack:
         folder = stack.pop()
         try:
             st = os.stat(folder or os.curdir)
-            names = sorted(os.listdir(folder or os.curdir))
+            names = os.listdir(folder or os.curdir)
         except OSError:
             continue
         if (st.st_dev, st.st_ino) in seen:
             continue
         seen.add((st.st_dev, st.st_ino))
         yield folder
-        subs = [os.path.join(folder, n) for n in names if not n.startswith(".")]
-        stack.extend(reversed([d for d in subs if os.path.isdir(d)]))
+        subs = sorted((n for n in names if not n.startswith(".")), key=lambda n: n + os.sep)
+        stack.extend(reversed([d for d in (os.path.join(folder, n) for n in subs) if os.path.isdir(d)]))
 
 
 def _glob(pattern: str) -> list[str]:
