@@ -22,9 +22,10 @@ from lnblocks.kernels.jit import keep_mask_kernel, norm_bwd_kernel, norm_fwd_ker
 from lnblocks.kernels.plan import NormPlan, interpreter_enabled
 
 # ---- launch shapes -------------------------------------------------------------------------------------------------
-# Tile sizes, chosen with benchmarks/kernel_resources.py (every configuration compiled for sm_80 and sm_90; the table
-# is in benchmarks/README.md). A thread holds about ELEMENTS_PER_THREAD elements of each live array of a tile; at 32
-# warps ptxas caps a thread at 64 registers, which a whole row of 16384 (16 elements per thread and array) overflows:
+# Tile sizes, chosen with benchmarks/kernels/kernel_resources.py (every configuration compiled for sm_80 and sm_90;
+# the table is in benchmarks/kernels/README.md). A thread holds about ELEMENTS_PER_THREAD elements of each live array
+# of a tile; at 32 warps ptxas caps a thread at 64 registers, which a whole row of 16384 (16 elements per thread and
+# array) overflows:
 # 88-784 bytes of spills, the worst in the backward with dropout, whose Philox rounds need registers of their own.
 # So rows wider than MAX_FWD_BLOCK / MAX_BWD_BLOCK (MAX_BWD_BLOCK_DROPOUT with dropout) loop over LOOP_BLOCK chunks.
 MAX_FWD_BLOCK = 8192
@@ -168,7 +169,8 @@ def fwd_kernel_args(
     plan: NormPlan, x: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None,
     seed: Tensor | None, y: Tensor, res: Tensor | None, mean: Tensor | None, rstd: Tensor,
 ) -> tuple[tuple[int], dict[str, Any]]:
-    """Grid and keyword arguments of ``norm_fwd_kernel`` (compiled ahead of time by benchmarks/kernel_resources.py)."""
+    """Grid and keyword arguments of ``norm_fwd_kernel`` (compiled ahead of time by
+    benchmarks/kernels/kernel_resources.py)."""
     m, n = x.shape
     cfg = fwd_config(n, plan.max_block_n)
     z_dtype = res.dtype if res is not None else x.dtype
@@ -222,7 +224,7 @@ def bwd_kernel_args(
     mean: Tensor | None, rstd: Tensor, dx: Tensor, dres: Tensor | None, dw_part: Tensor | None,
     db_part: Tensor | None, *, rows_per_program: int, cfg: LaunchConfig,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``norm_bwd_kernel`` (compiled ahead of time by benchmarks/kernel_resources.py)."""
+    """Keyword arguments of ``norm_bwd_kernel`` (compiled ahead of time by benchmarks/kernels/kernel_resources.py)."""
     m, n = z.shape
     p = plan.dropout_p
     return dict(

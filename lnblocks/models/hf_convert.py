@@ -1,5 +1,6 @@
 """Weight conversion between ``GPT`` and ``transformers`` (``GPT2LMHeadModel``, ``LlamaForCausalLM`` and the
-Llama-shaped ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``). transformers is imported lazily.
+Llama-shaped ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``; ``Gemma2ForCausalLM`` through
+``lnblocks.models.hf_gemma2``). transformers is imported lazily.
 
 The weight map is one table per family of ``(lnblocks key, HF keys, transpose)``: several HF keys are concatenated
 along rows (q/k/v into ``qkv``, gate/up into ``fc1``); GPT-2's ``Conv1D`` stores weights transposed.
@@ -77,9 +78,12 @@ def _check_lm(model: Any) -> Any:
 def from_hf(model: Any) -> GPT:
     """The lnblocks ``GPT`` computing what ``model`` computes, with its weights (same dtype, same train/eval mode)."""
     require("transformers")
+    from lnblocks.models import hf_gemma2
     from lnblocks.models.gpt import GPT
 
     config = _check_lm(model)
+    if hf_gemma2.is_gemma2(config):  # Gemma 2: its own config translation and weight table
+        return hf_gemma2.from_hf(model)
     family = family_of(config)
     gpt_cfg = config_from_hf(config)
     hf_sd = model.state_dict()
@@ -107,12 +111,16 @@ def to_hf(gpt: GPT, family: str | None = None) -> Any:
     """The ``transformers`` model of ``family`` computing what ``gpt`` computes (weights copied; a bias the HF family
     has and ``gpt`` lacks is exported as zeros). Options the family cannot express raise ``ValueError`` naming each."""
     transformers = require("transformers")
+    from lnblocks.models import hf_gemma2
+
     gpt._check_unsharded("to_hf()")
     cfg = gpt.config
     if family is None:
         family = "gpt2" if cfg.positions == "learned" else "llama"
+    if family == hf_gemma2.FAMILY:
+        return hf_gemma2.to_hf(gpt)
     if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choices: {list(FAMILIES)}")
+        raise ValueError(f"unknown family {family!r}; choices: {[*FAMILIES, hf_gemma2.FAMILY]}")
     hf_cfg = hf_config(transformers, cfg, family)
     half = next(gpt.parameters()).dtype in (torch.float16, torch.bfloat16)
     expected = config_from_hf(hf_cfg)

@@ -78,3 +78,6 @@ def init_weights(model: GPT, scheme: str | None = None) -> None:
             nn.init.normal_(model.lm_head.weight, 0.0, std)
         else:
             nn.init.xavier_normal_(model.lm_head.weight)
+    from lnblocks.models.init_options import init_options
+
+    init_options(model, scheme)  # the parameters of the attention gate, mHC and nGPT (none in other models)

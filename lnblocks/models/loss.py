@@ -104,7 +104,7 @@ class _ChunkBuffers:
     """The fp32 ``(rows, V)`` buffers of one call's chunks, allocated once and reused by every chunk: the logits
     (then the loss's gradient to the log-probabilities), the log-probabilities, the logits' gradient. Per chunk that
     is no allocation, no page faults and no freshly zeroed memory, and the chunk's data stays at the same addresses
-    (lnblocks issue 23: about 13% of the head's CPU time at V = 30,522; ``benchmarks/bench_study_step.py``)."""
+    (lnblocks issue 23: about 13% of the head's CPU time at V = 30,522; ``benchmarks/study/bench_study_step.py``)."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device, count: int) -> None:
         self.bufs = [torch.empty(rows, vocab, device=device) for _ in range(count)]

@@ -30,8 +30,8 @@ from lnblocks.norms.spec import (
 
 # Single-threaded CPU inference of half-precision inputs to norms written as several eager ops (RMSNorm, DyT,
 # ScaleNorm) runs over blocks of rows of about this many fp32 bytes, so the fp32 intermediates stay in cache instead of
-# being fresh multi-MB allocations. Each row sees the same ops, so outputs are bit-identical. benchmarks/README.md has
-# the numbers: 1.1-1.7x faster than torch.nn.RMSNorm in bf16 on one thread, slower in fp32 (no upcast copy to save),
+# being fresh multi-MB allocations. Each row sees the same ops, so outputs are bit-identical. benchmarks/norms/README.md
+# has the numbers: 1.1-1.7x faster than torch.nn.RMSNorm in bf16 on one thread, slower in fp32 (no upcast copy to save),
 # and with 2+ threads the many small ops stall on OpenMP synchronisation, so it is used only where it wins. Not used
 # when grads are recorded either: blocking would reorder the weight-grad sum.
 CPU_BLOCK_BYTES = 1 << 20
@@ -99,7 +99,7 @@ class Norm(nn.Module):
         return routing.backend_for(self, x, residual)
 
     # ``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the function itself, not a wrapper (one call
-    # less per forward; benchmarks/bench_norm_overhead.py)
+    # less per forward; benchmarks/norms/bench_norm_overhead.py)
     forward = routing.dispatch
 
     # ---- the torch backend -------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 dtype) runs ``plan_route``: every check (x, residual, and every tensor the math reads: shape, dtype, device, DTensor
 placements), the backend choice, the resolved eps (RMSNorm's ``eps=None``) or the kernels' ``NormPlan``. The
 resulting ``Route`` is cached in the module (``RouteCache``), and later calls repeat only what a cached route cannot
-vouch for, at a cost of well under a microsecond (benchmarks/bench_norm_overhead.py):
+vouch for, at a cost of well under a microsecond (benchmarks/norms/bench_norm_overhead.py):
 
 - x's last dim and the residual's shape;
 - that every tensor the math reads is the object the route was checked with (a replaced parameter,

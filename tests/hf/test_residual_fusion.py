@@ -243,7 +243,7 @@ def test_unpatched_norm_inside_a_fused_layer_falls_back_to_the_original_statemen
 
 
 def test_traffic_table_counts_one_activation_read_forward_and_two_backward_per_fused_add() -> None:
-    from benchmarks.traffic import Operands, min_bytes, unfused_residual_bytes
+    from benchmarks.kernels.traffic import Operands, min_bytes, unfused_residual_bytes
 
     n, m = 4096, 1000
     op = Operands(n, 2, 2, 2, 0, 2, False, False)  # bf16 RMSNorm with a residual
