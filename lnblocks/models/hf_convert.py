@@ -8,14 +8,13 @@ along rows (q/k/v into ``qkv``, gate/up into ``fc1``); GPT-2's ``Conv1D`` stores
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from lnblocks._optional import require
-from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config
+from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config, warn_fp32_only
 from lnblocks.norms import MODEL_FAMILIES
 
 if TYPE_CHECKING:
@@ -127,15 +126,7 @@ def to_hf(gpt: GPT, family: str | None = None) -> Any:
     problems = config_diff(expected, cfg, family, half=half)
     if problems:
         raise ValueError(f"cannot export to {family}: " + "; ".join(problems))
-    fp32_only = [] if half else config_diff(expected, cfg, family, half=True)
-    if fp32_only:  # exact now, but the HF config cannot carry it: say so rather than drop it without a word
-        warnings.warn(
-            f"to_hf({family!r}): the export is exact for these fp32 weights, but {family} cannot express "
-            + "; ".join(fp32_only)
-            + ": cast to fp16/bf16, the HF model rounds where this one does not",
-            UserWarning,
-            stacklevel=3,
-        )
+    warn_fp32_only(expected, cfg, family, half)
     model_cls = getattr(transformers, MODEL_FAMILIES[family].hf_lm_class)
     param = next(gpt.parameters())
     model = model_cls(hf_cfg).to(device=param.device, dtype=param.dtype)

@@ -63,3 +63,24 @@ def test_a_model_the_family_expresses_exports_without_a_warning() -> None:
         warnings.simplefilter("error")
         GPT(cfg).to_hf("llama")
         GPT(cfg).to(torch.bfloat16).to_hf("llama")
+
+
+def test_gemma2_says_the_same() -> None:
+    """The Gemma 2 export goes through its own module; the same rule, the same warning and refusal."""
+    import transformers
+
+    hf_cfg = transformers.Gemma2Config(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=32, sliding_window=4, query_pre_attn_scalar=16,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    cfg = GPT.from_hf(transformers.Gemma2ForCausalLM(hf_cfg)).config
+    cfg = cfg.replace(block=[b.replace(norm=b.norm.replace(residual_in_fp32=True)) for b in cfg.layers])
+    model = randomize_(GPT(cfg), 0.1).eval()
+    with pytest.warns(UserWarning, match=r"fp32 weights, but gemma2 cannot express layer 0 norm.residual_in_fp32"):
+        hf = model.to_hf("gemma2")
+    idx = torch.randint(0, 96, (2, 9))
+    with torch.no_grad():
+        assert (hf(idx).logits - model(idx)[0]).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match=r"cannot export to gemma2: layer 0 norm\.residual_in_fp32"):
+        model.to(torch.bfloat16).to_hf("gemma2")
