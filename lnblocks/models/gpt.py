@@ -218,6 +218,12 @@ class GPT(nn.Module):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self._check_idx(idx, max_new_tokens)
+        parallel = getattr(self, "parallel_config", None)  # set by lnblocks.models.parallel.parallelize
+        if parallel is not None and parallel.tp > 1 and parallel.sequence_parallel:
+            raise ValueError(
+                "generate is not supported under sequence parallelism (each step feeds one token, which tp ranks "
+                "cannot split); shard with sequence_parallel=False to generate, or generate from an unsharded copy"
+            )
         bidirectional = [i for i, b in enumerate(self.config.layers) if not b.attention.causal]
         if bidirectional:
             raise ValueError(
@@ -288,8 +294,21 @@ class GPT(nn.Module):
         return n
 
     def matrices(self, grad: bool = False) -> dict[str, Tensor]:
-        """``{"blocks.{i}.W_Q": tensor, ...}``: every layer's matrices by role (``Block.matrices``), or their grads."""
+        """``{"blocks.{i}.W_Q": tensor, ...}``: every layer's matrices by role (``Block.matrices``), or their grads.
+        Whole matrices only: a sharded model (``parallelize``) is refused, as slices of its shards are not them."""
+        self._check_unsharded("matrices()")
         return {f"blocks.{i}.{k}": v for i, blk in enumerate(self.blocks) for k, v in blk.matrices(grad).items()}
+
+    def _check_unsharded(self, what: str) -> None:
+        """``ValueError`` naming ``what`` when parameters or buffers are sharded DTensors (FSDP2, tensor
+        parallelism): what reads whole weights must be given them, which gathering on every rank does."""
+        sharded = [n for n, t in [*self.named_parameters(), *self.named_buffers()] if hasattr(t, "device_mesh")]
+        if sharded:
+            raise ValueError(
+                f"{what} needs the unsharded model, but {len(sharded)} parameter(s) are sharded DTensors (e.g. "
+                f"{sharded[0]!r}): on every rank, load get_model_state_dict(model, options=StateDictOptions("
+                "full_state_dict=True)) into a plain GPT(model.config) and use that (docs/sharding.md)"
+            )
 
     def probe(self, idx: Tensor) -> Any:
         """Per layer the attention sink (first-token attention mass), max / median ``|h|`` (massive activations) and

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from lnblocks._optional import require
-from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config
+from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config, warn_fp32_only
 from lnblocks.norms import MODEL_FAMILIES
 
 M = TypeVar("M", bound=nn.Module)  # the GPT class: GPT.from_hf passes itself, so this module need not import it
@@ -112,6 +112,7 @@ def to_hf(gpt: nn.Module, family: str | None = None) -> Any:
     transformers = require("transformers")
     from lnblocks.models import hf_gemma2
 
+    gpt._check_unsharded("to_hf()")
     cfg = gpt.config
     if family is None:
         family = "gpt2" if cfg.positions == "learned" else "llama"
@@ -121,9 +122,11 @@ def to_hf(gpt: nn.Module, family: str | None = None) -> Any:
         raise ValueError(f"unknown family {family!r}; choices: {[*FAMILIES, hf_gemma2.FAMILY]}")
     hf_cfg = hf_config(transformers, cfg, family)
     half = next(gpt.parameters()).dtype in (torch.float16, torch.bfloat16)
-    problems = config_diff(config_from_hf(hf_cfg), cfg, family, half=half)
+    expected = config_from_hf(hf_cfg)
+    problems = config_diff(expected, cfg, family, half=half)
     if problems:
         raise ValueError(f"cannot export to {family}: " + "; ".join(problems))
+    warn_fp32_only(expected, cfg, family, half)
     model_cls = getattr(transformers, MODEL_FAMILIES[family].hf_lm_class)
     param = next(gpt.parameters())
     model = model_cls(hf_cfg).to(device=param.device, dtype=param.dtype)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from lnblocks._optional import require
 from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
 from lnblocks.models.config import GPTConfig
-from lnblocks.models.hf_configs import _rope_theta, _token_ids, config_diff
+from lnblocks.models.hf_configs import _rope_theta, _token_ids, config_diff, warn_fp32_only
 from lnblocks.norms import NORM_PRESETS
 
 M = TypeVar("M", bound=nn.Module)  # the GPT class, passed by GPT.from_hf (this module does not import it)
@@ -160,9 +160,11 @@ def to_hf(gpt: nn.Module) -> Any:
     hf_cfg = hf_config(transformers, gpt.config)
     param = next(gpt.parameters())
     half = param.dtype in (torch.float16, torch.bfloat16)
-    problems = config_diff(config_from_hf(hf_cfg), gpt.config, FAMILY, half=half)
+    expected = config_from_hf(hf_cfg)
+    problems = config_diff(expected, gpt.config, FAMILY, half=half)
     if problems:
         raise ValueError(f"cannot export to {FAMILY}: " + "; ".join(problems))
+    warn_fp32_only(expected, gpt.config, FAMILY, half)
     model = getattr(transformers, HF_LM_CLASS)(hf_cfg).to(device=param.device, dtype=param.dtype)
     target, ours = model.state_dict(), gpt.state_dict()
     sd: dict[str, Tensor] = {}

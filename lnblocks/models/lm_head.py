@@ -26,7 +26,9 @@ bit-identical whenever the BLAS computes each row of a GEMM independently of how
 does for chunks of a multiple of 4 rows; the default chunks are multiples of 8), and so is the gradient to the hidden
 states (without a z-loss: for an upstream gradient that is a power of 2, e.g. the 1 of ``loss.backward()``); the
 gradient to the weight sums over rows, so it differs by float summation order (summed in fp32 across chunks: under
-autocast it is more accurate than the bf16 GEMM over all rows). No double backward (the backward is opaque).
+autocast it is more accurate than the bf16 GEMM over all rows). No double backward (the backward is opaque):
+``create_graph=True`` through a chunked call raises ``RuntimeError`` saying so (the one-chunk path is plain autograd
+and has one). A 1-D ``hidden`` is one position; an empty batch gives ``max_logit`` -inf and an empty ``log_z``.
 """
 
 from __future__ import annotations
@@ -288,7 +290,17 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.args = (ignore_index, z_coef, rows, dtype)
 
 
+DOUBLE_BACKWARD = (
+    "the chunked LM head (lm_head_loss, GPT.forward(..., return_logits=False)) has no double backward: its backward "
+    "is computed chunk by chunk outside autograd, so a graph of it (create_graph=True: gradient penalties, "
+    "Hessian-vector products) would silently miss the head's second derivatives; compute the logits instead "
+    "(GPT.forward(..., return_logits=True), or F.linear then F.cross_entropy)"
+)
+
+
 def _backward(ctx: Any, g_loss: Tensor | None, g_z: Tensor | None, *_: Any, through_op: bool = True) -> tuple:
+    if torch.is_grad_enabled() and not through_op:  # create_graph=True: the backward itself would be differentiated
+        raise RuntimeError(DOUBLE_BACKWARD)
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if ctx.in_forward:  # scale the forward's gradients (for an upstream 1) by the upstream gradient
         grad_h, grad_w = ctx.saved_tensors
@@ -336,14 +348,20 @@ def _one_chunk(
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """All rows at once through autograd: ``F.linear`` then the fp32 loss, as ``GPT.forward`` computes it (on
     ``hidden`` in its own shape: under autocast a 2-D and a 3-D ``F.linear`` differ in the last bit)."""
-    logits = F.linear(hidden, weight).flatten(0, -2)  # (N, V)
+    logits = F.linear(hidden, weight).reshape(-1, weight.shape[0])  # (N, V); a 1-D hidden is one row
     # each use takes its own .float(), as GPT.forward and the study's z-loss do: under autocast their gradients
     # are then rounded to the logits' dtype before they are summed
     loss = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index) if targets is not None else None
     lse = torch.logsumexp(logits.float(), dim=-1) if stats or z_coef else None  # (N,)
     z = z_coef * lse.pow(2).mean() if z_coef else None
-    max_logit = logits.detach().float().amax() if stats else None
+    max_logit = _max_or_minus_inf(logits.detach().float()) if stats else None
     return loss, z, max_logit, None if lse is None else lse.detach()
+
+
+def _max_or_minus_inf(t: Tensor) -> Tensor:
+    """The largest element, or -inf when there is none (an empty batch: the max of no logits, as the chunked path
+    gives; ``amax`` of an empty tensor raises)."""
+    return t.amax() if t.numel() else torch.full((), float("-inf"), device=t.device)
 
 
 def _check_plain(weight: Tensor) -> None:
@@ -415,7 +433,7 @@ def lm_head_loss(
         raise ValueError(f"weight must have shape (V, C) with C = hidden.shape[-1] = {hidden.shape[-1]}, got {got}")
     if not torch.compiler.is_compiling():  # traced, a changed float arrives as a symbol: checked on the eager call
         z_loss = check_float("z_loss", z_loss, lo=0)
-        ignore_index = check_int("ignore_index", ignore_index, minimum=None)
+        ignore_index = check_int("ignore_index", ignore_index, minimum=-(2**63), maximum=2**63 - 1)  # an int64
     lead, (V, C) = tuple(hidden.shape[:-1]), weight.shape
     if targets is not None:
         targets = check_targets(targets, lead, V, ignore_index).reshape(-1)
