@@ -36,11 +36,11 @@ lint: setup
 	$(PY) -m ruff format --check lnblocks tests benchmarks
 
 bench: setup
-	$(PY) benchmarks/bench_norms_cpu.py --threads 1
-	$(PY) benchmarks/bench_model_cpu.py --quick --threads 1
-	$(PY) benchmarks/bench_hf_patch.py
-	$(PY) benchmarks/bench_cnn_norms.py
-	$(PY) benchmarks/bench_study.py
+	$(PY) benchmarks/norms/bench_norms_cpu.py --threads 1
+	$(PY) benchmarks/models/bench_model_cpu.py --quick --threads 1
+	$(PY) benchmarks/hf/bench_hf_patch.py
+	$(PY) benchmarks/norms/bench_cnn_norms.py
+	$(PY) benchmarks/study/bench_study.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

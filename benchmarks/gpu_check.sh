@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# One GPU call that measures everything the fused kernels owe (issue 14), in at most ~10 minutes (595 s of timeouts):
+# One GPU call that measures everything the fused kernels owe, in at most ~10 minutes (595 s of timeouts):
 #
 #   run(command="bash benchmarks/gpu_check.sh", carry=["benchmarks/wheels"], timeout_s=600)
 #   bash benchmarks/gpu_check.sh [--smoke] [OUT_DIR]        # OUT_DIR defaults to $OUT, else ./gpu_check_out
 #
 # Sections, each under its own `timeout` so a slow one cannot starve the rest:
 #   1. tests    the kernel tests (tests/kernels) compiled for the GPU (TRITON_INTERPRET=0), xdist over 8 workers
-#   2. kernels  benchmarks/bench_norm_kernels.py: ours vs torch eager, torch.compile, Liger-Kernel (and flash-attn if
-#               present), % of the measured copy bandwidth; targets fwd >= 90%, bwd >= 80% for N >= 2048
-#   3. models   benchmarks/bench_gpu_models.py: GPT-2-small bf16 train step (fused vs backend="torch" vs HF
+#   2. kernels  benchmarks/kernels/bench_norm_kernels.py: ours vs torch eager, torch.compile, Liger-Kernel (flash-attn,
+#               quack, cuDNN through Transformer Engine where importable), L2 flushed before every repetition, each cell
+#               as % of a copy of the same bytes; targets fwd >= 90%, bwd >= 80% for N >= 2048
+#   3. models   benchmarks/models/bench_gpu_models.py: GPT-2-small bf16 train step (fused vs backend="torch" vs HF
 #               GPT2LMHeadModel; tokens/s, peak memory; under set_sync_debug_mode("error"); in a CUDA graph) and an
 #               HF Llama-shaped fwd+bwd (unpatched vs lnblocks.hf.patch_norms vs Liger's RMSNorm patch)
 #   4. study    one run of `lnblocks study run` on the GPU in bf16, and the backends its record names
-#   5. hf       benchmarks/bench_hf_training.py: an HF Llama-shaped model in bf16, transformers.Trainer step and
+#   5. hf       benchmarks/hf/bench_hf_training.py: an HF Llama-shaped model in bf16, transformers.Trainer step and
 #               forward, unpatched vs lnblocks.hf.patch_norms vs patch_norms(fuse_residual=True), paired ratios
 #   6. resume   a bf16 study run with train.deterministic and checkpoints, SIGKILLed mid-run (LNBLOCKS_CHECKPOINT_FAULT)
 #               and resumed, against the uninterrupted run: "bit-identical" or the fields that differ (docs/long-runs.md)
-#   7. vocab    benchmarks/bench_study_step.py --device cuda: the study's training step at V = 256, 30,522, 50,257
-#               with the full logits vs the chunked LM head (issue 23): step time and peak memory (table in summary)
+#   7. vocab    benchmarks/study/bench_study_step.py --device cuda: the study's training step at V = 256, 30,522,
+#               50,257 with the full logits vs the chunked LM head: step time and peak memory (table in summary)
 # Writes at most 8 files into the output folder: summary.txt, check.log, tests.log, kernels.md, kernels.json,
 # models.json, study.log, hf.json (and nothing else); prints the summary last.
 #
@@ -26,7 +27,11 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d benchmarks/wheels liger-kernel==0.8.5 \
 #     accelerate==1.15.0
-# and name it in the call's `carry`. The wheels are installed with `pip install --no-index --no-deps --target` into a
+# and name it in the call's `carry`. quack and Transformer Engine cannot travel this way (the kernel benchmark names
+# them "not importable" unless the machine has them; benchmarks/kernels/README.md, "Contenders"): quack-kernels
+# 0.6.5 needs nvidia-cutlass-dsl-libs-cu12 (a 92 MB wheel, over the 64 MiB a call may carry), and transformer-engine
+# 2.20.2's PyTorch extension (transformer_engine_torch) is published as source only, built against the local torch
+# and CUDA toolkit at install time. The wheels are installed with `pip install --no-index --no-deps --target` into a
 # temporary folder; lnblocks itself is imported from this checkout (PYTHONPATH), the machine's torch, triton,
 # transformers, pytest-xdist, einops, pyyaml, tqdm and matplotlib are used as they are.
 #
@@ -98,17 +103,18 @@ section tests "$T_TESTS" bash -c "$PY -m pytest $TEST_ARGS -q -p no:cacheprovide
 
 # ---- 2. kernel benchmark -------------------------------------------------------------------------------------------
 if [ "$SMOKE" = 1 ]; then
-  section kernels "$T_KERNELS" $PY benchmarks/bench_norm_kernels.py --smoke --no-plot --out "$OUT/kernels"
+  section kernels "$T_KERNELS" $PY benchmarks/kernels/bench_norm_kernels.py --smoke --no-plot --out "$OUT/kernels"
 else
-  section kernels "$T_KERNELS" $PY benchmarks/bench_norm_kernels.py --out "$OUT/kernels" --budget-s 90 --variants \
-    --no-plot
+  section kernels "$T_KERNELS" $PY benchmarks/kernels/bench_norm_kernels.py --out "$OUT/kernels" --budget-s 90 \
+    --variants --no-plot
 fi
 if [ ! -f "$OUT/kernels.md" ] && [ -f "$OUT/kernels.json" ]; then  # cut off: the report from what was measured
-  $PY benchmarks/bench_norm_kernels.py --out "$OUT/kernels" --report-only --no-plot >/dev/null 2>>"$LOG"
+  $PY benchmarks/kernels/bench_norm_kernels.py --out "$OUT/kernels" --report-only --no-plot >/dev/null 2>>"$LOG"
 fi
 
 # ---- 3. models -----------------------------------------------------------------------------------------------------
-section models "$T_MODELS" $PY benchmarks/bench_gpu_models.py --out "$OUT/models" $([ "$SMOKE" = 1 ] && echo --smoke)
+section models "$T_MODELS" $PY benchmarks/models/bench_gpu_models.py --out "$OUT/models" \
+  $([ "$SMOKE" = 1 ] && echo --smoke)
 
 # ---- 4. one study run in bf16 --------------------------------------------------------------------------------------
 if [ "$SMOKE" = 1 ]; then
@@ -153,9 +159,9 @@ tail -n 4 "$OUT/study.log" >>"$SUMMARY"
 
 # ---- 5. HF training stacks: Trainer step and forward, unpatched / patched / fused residual -----------------------
 if [ "$SMOKE" = 1 ]; then
-  section hf "$T_HF" $PY benchmarks/bench_hf_training.py --smoke --out "$OUT/hf"
+  section hf "$T_HF" $PY benchmarks/hf/bench_hf_training.py --smoke --out "$OUT/hf"
 else
-  section hf "$T_HF" $PY benchmarks/bench_hf_training.py --device cuda --rounds 5 --out "$OUT/hf"
+  section hf "$T_HF" $PY benchmarks/hf/bench_hf_training.py --device cuda --rounds 5 --out "$OUT/hf"
 fi
 
 # ---- 6. resume bit for bit: deterministic kernels, a SIGKILL mid-run, the rerun against the uninterrupted run ------
@@ -203,7 +209,7 @@ if [ "$SMOKE" = 1 ]; then
 else
   VOCAB_ARGS="--device cuda --rounds 1 --steps 20 --warmup 3"
 fi
-section vocab "$T_VOCAB" bash -c "$PY benchmarks/bench_study_step.py $VOCAB_ARGS >'$WORK/vocab.md' 2>&1; rc=\$?; \
+section vocab "$T_VOCAB" bash -c "$PY benchmarks/study/bench_study_step.py $VOCAB_ARGS >'$WORK/vocab.md' 2>&1; rc=\$?; \
   cat '$WORK/vocab.md'; exit \$rc"
 
 # ---- summary, printed last ------------------------------------------------------------------------------------------
@@ -212,12 +218,16 @@ section vocab "$T_VOCAB" bash -c "$PY benchmarks/bench_study_step.py $VOCAB_ARGS
   if [ -f "$OUT/kernels.md" ]; then sed -n '/### Summary/,$p' "$OUT/kernels.md"; else echo "kernels: no report"; fi
   echo
   if [ -f "$OUT/models.json" ]; then
-    $PY benchmarks/bench_gpu_models.py --out "$OUT/models" --report-only 2>&1
+    $PY benchmarks/models/bench_gpu_models.py --out "$OUT/models" --report-only 2>&1
   else
     echo "models: no results"
   fi
   echo
-  if [ -f "$OUT/hf.json" ]; then $PY benchmarks/bench_hf_training.py --report "$OUT/hf.json" 2>&1; else echo "hf: no results"; fi
+  if [ -f "$OUT/hf.json" ]; then
+    $PY benchmarks/hf/bench_hf_training.py --report "$OUT/hf.json" 2>&1
+  else
+    echo "hf: no results"
+  fi
   echo
   echo "### Study step at real vocabularies (bench_study_step.py $VOCAB_ARGS)"
   grep -E '^(B=|\|)' "$WORK/vocab.md" 2>/dev/null || echo "vocab: no results"

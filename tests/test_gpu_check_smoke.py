@@ -3,6 +3,7 @@ the script that a GPU turn depends on cannot rot. Not under tests/kernels: the G
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,11 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
             f"section {name} failed:\n{summary}\n{(out / 'check.log').read_text()[-3000:]}"
         )
     assert "### Summary" in summary and "GPT train step" in summary  # the summary is printed last, with both reports
+    assert "of the same-size copy" in summary  # kernels quoted against a copy of their bytes, not a 1 GiB one
+    kernels = json.loads((out / "kernels.json").read_text())
+    timed = [r for r in kernels["rows"] if r["status"] == "ok"]
+    assert timed and all(r["pct_copy"] == 100 * r["gbps"] / r["copy_gbps"] for r in timed)
+    assert {"quack", "cudnn (TE)"} <= {r["impl"] for r in kernels["rows"]}  # optional contenders named, not dropped
     assert proc.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])
     assert "study record: status=finished" in summary
     assert "| Trainer step | cpu | float32 | fused |" in summary  # the HF stacks table (bench_hf_training.py)

@@ -6,6 +6,14 @@ falls back to sdpa otherwise) and ``"eager"`` (explicit fp32 softmax that record
 logit and the mean attention entropy: the stability diagnostics of Wortsman et al. 2023 and Zhai et al. 2023).
 ``last_backend`` says which backend the latest call ran; the backend is read from ``attn.config`` at every call, so
 swapping ``attn.config`` (e.g. ``dataclasses.replace(cfg, backend="eager")``) switches it on a built model.
+
+Options beyond plain attention, each off by default (the default path is unchanged): a per-head norm of v besides
+q and k (HybridNorm's QKV-norm, Zhuo et al. 2025, arXiv 2503.04598); attention-logit soft-capping
+``cap * tanh(logits / cap)`` before the mask and softmax (Gemma 2, arXiv 2408.00118; sdpa cannot cap, so a capped
+layer runs the eager path, or flash-attn's own ``softcap``); the sigmoid output gate ``Y * sigmoid(X W_theta)`` on
+the SDPA output before ``proj``, one gate per head or per element, ``X`` the attention's input (gated attention,
+Qiu et al. 2025, arXiv 2505.06708, position G1); and nGPT's attention (``normalized``: q and k L2-normalised after
+RoPE and scaled by ``s_qk``, softmax scale ``sqrt(head_dim)``; Loshchilov et al. 2024, arXiv 2410.01131, Eq. 15-16).
 """
 
 from __future__ import annotations
@@ -18,8 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnblocks.blocks.config import AttentionConfig
+from lnblocks.blocks.ngpt import Scale, l2_normalize
 from lnblocks.blocks.rope import apply_rope
 from lnblocks.norms import NormSpec, build_norm
+
+
+def softcap(x: Tensor, cap: float) -> Tensor:
+    """``cap * tanh(x / cap)``: Gemma 2's logit soft-capping (arXiv 2408.00118), as ``transformers`` computes it."""
+    return torch.tanh(x / cap) * cap
 
 
 class AttentionStats(NamedTuple):
@@ -27,10 +41,13 @@ class AttentionStats(NamedTuple):
 
     ``max_logit``: ``(H,)`` largest scaled logit ``q.k * scale`` over allowed (unmasked) pairs.
     ``entropy``: ``(H,)`` mean over batch and queries of ``-sum_j p_ij log p_ij`` (nats).
+    ``first_token_mass``: ``(H,)`` mean attention probability on key 0 (the attention sink, Xiao et al. 2023), over
+    the batch and the queries that see other keys too (with a causal mask: every query but the one at position 0).
     """
 
     max_logit: Tensor
     entropy: Tensor
+    first_token_mass: Tensor | None = None
 
 
 class KVCache:
@@ -76,10 +93,19 @@ def flash_attn_unavailable_reason(q: Tensor) -> str | None:
 
 class Attention(nn.Module):
     """Self-attention of ``dim`` channels. Parameters: ``qkv`` (Linear dim -> (H + 2 Hkv) hd), ``proj``
-    (Linear H hd -> dim), and ``q_norm``/``k_norm`` (per head, over hd) when ``qk_norm`` is given.
+    (Linear H hd -> dim), ``q_norm``/``k_norm`` (per head, over hd) when ``qk_norm`` is given, ``v_norm`` likewise
+    with ``v_norm``, ``gate_proj`` (Linear dim -> H, or H hd element-wise) with ``config.output_gate``, and nGPT's
+    ``s_qk`` (a ``Scale`` of shape (H, hd)) when ``normalized``.
     """
 
-    def __init__(self, dim: int, config: AttentionConfig, qk_norm: NormSpec | None = None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        config: AttentionConfig,
+        qk_norm: NormSpec | None = None,
+        v_norm: NormSpec | None = None,
+        normalized: bool = False,
+    ) -> None:
         super().__init__()
         self.config = config
         self.n_heads = config.n_heads
@@ -91,6 +117,17 @@ class Attention(nn.Module):
         self.proj = nn.Linear(q_rows, dim, bias=config.out_bias)
         self.q_norm = build_norm(qk_norm, self.head_dim) if qk_norm is not None else None
         self.k_norm = build_norm(qk_norm, self.head_dim) if qk_norm is not None else None
+        self.v_norm = build_norm(v_norm, self.head_dim) if v_norm is not None else None
+        if config.output_gate is not None:
+            gate_rows = self.n_heads * (self.head_dim if config.output_gate == "elementwise" else 1)
+            self.gate_proj = nn.Linear(dim, gate_rows, bias=config.qkv_bias)
+        else:
+            self.gate_proj = None
+        if normalized:  # nGPT: s_qk starts at 1 and learns at the rate of 1/sqrt(d_model) (its Sec. 2.5)
+            self.s_qk = Scale((self.n_heads, self.head_dim), init=1.0, scale=dim**-0.5)
+            self.scale = self.head_dim**0.5
+        else:
+            self.s_qk = None
         self.attn_dropout = config.dropout
         self.last_backend: str | None = None
         self.last_stats: AttentionStats | None = None
@@ -120,10 +157,14 @@ class Attention(nn.Module):
 
     # ---- backend choice -------------------------------------------------------------------------------------
     def backend_for(self, q: Tensor) -> str:
-        """The backend a call with queries ``q`` runs: ``"sdpa"``, ``"flash_attn"`` or ``"eager"``."""
-        if self.config.backend == "flash_attn":
-            return "flash_attn" if flash_attn_unavailable_reason(q) is None else "sdpa"
-        return self.config.backend
+        """The backend a call with queries ``q`` runs: ``"sdpa"``, ``"flash_attn"`` or ``"eager"`` (soft-capped
+        logits: flash-attn where it runs, else eager, as sdpa cannot cap)."""
+        backend = self.config.backend
+        if backend == "flash_attn":
+            backend = "flash_attn" if flash_attn_unavailable_reason(q) is None else "sdpa"
+        if backend == "sdpa" and self.config.softcap is not None:
+            return "eager"
+        return backend
 
     def _window(self, tk: int) -> int | None:
         """The sliding window if it hides any of ``tk`` keys, else None (a window >= tk changes nothing)."""
@@ -155,9 +196,16 @@ class Attention(nn.Module):
         v = v.view(B, T, hkv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
+        if self.v_norm is not None:
+            v = self.v_norm(v)  # per head (HybridNorm's QKV-norm)
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.s_qk is not None:  # nGPT Eq. 15-16: after RoPE, unit norm times s_qk
+            if h != self.n_heads:
+                raise ValueError("nGPT attention (placement 'ngpt') does not run on a tensor-parallel share of heads")
+            s_qk = self.s_qk().to(q.dtype).unsqueeze(1)  # (H, 1, hd)
+            q, k = l2_normalize(q) * s_qk, l2_normalize(k) * s_qk
         if (rope is not None or self.q_norm is not None) and v.requires_grad:
             # q and k are new tensors now; v, a view of qkv's output, would keep all of that output alive as a
             # saved tensor of the attention backward: save a copy of v alone (as separate q/k/v projections do)
@@ -176,8 +224,18 @@ class Attention(nn.Module):
         else:
             rep = h // hkv
             y = self._eager(q, repeat_kv(k, rep), repeat_kv(v, rep))  # (B, H, Tk, hd)
-        y = y.transpose(1, 2).reshape(B, T, h * hd)  # (B, T, H*hd)
-        return self.proj(y)
+        y = y.transpose(1, 2)  # (B, T, H, hd)
+        if self.gate_proj is not None:
+            y = y * self._gate(x, h)  # gated attention: Y * sigmoid(X W_theta), per head or per element
+        return self.proj(y.reshape(B, T, h * hd))  # (B, T, H*hd) -> (B, T, C)
+
+    def _gate(self, x: Tensor, h: int) -> Tensor:
+        """``sigmoid(x W_theta)`` shaped ``(B, T, H, 1)`` (head-wise) or ``(B, T, H, hd)`` (element-wise)."""
+        g = torch.sigmoid(self.gate_proj(x))  # (B, T, H) or (B, T, H hd)
+        per_head = 1 if self.config.output_gate == "headwise" else self.head_dim
+        if g.shape[-1] != h * per_head:
+            raise ValueError("the attention output gate does not run on a tensor-parallel share of heads")
+        return g.unflatten(-1, (h, per_head))
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """``q`` ``(B, H, Tq, hd)``, ``k``/``v`` ``(B, Hkv, Tk, hd)``: grouped heads via ``enable_gqa``, as HF does,
@@ -195,18 +253,28 @@ class Attention(nn.Module):
 
     def _eager(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         att = torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, Tq, Tk)
+        if self.config.softcap is not None:
+            att = softcap(att, self.config.softcap)  # before the mask, as Gemma 2
         if self.config.causal:
             att = att.masked_fill(~self._mask(q.shape[2], k.shape[2], q.device), float("-inf"))
-        probs = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs = torch.softmax(att, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
         if not torch.compiler.is_compiling():
-            with torch.no_grad():
-                p = probs.detach().float()
-                self.last_stats = AttentionStats(
-                    max_logit=att.detach().float().amax(dim=(0, 2, 3)),
-                    entropy=torch.special.entr(p).sum(-1).mean(dim=(0, 2)),
-                )
+            self.last_stats = self._stats(att, probs)
         probs = F.dropout(probs, p=self.attn_dropout, training=self.training)
         return torch.matmul(probs, v)  # (B, H, Tq, hd)
+
+    @torch.no_grad()
+    def _stats(self, att: Tensor, probs: Tensor) -> AttentionStats:
+        p = probs.detach().float()  # (B, H, Tq, Tk)
+        tq, tk = p.shape[2], p.shape[3]
+        sink = p[..., 0]  # (B, H, Tq): the probability on key 0
+        if self.config.causal:  # the query at position 0 sees key 0 alone
+            sink = sink[:, :, max(0, 1 - (tk - tq)) :]
+        return AttentionStats(
+            max_logit=att.detach().float().amax(dim=(0, 2, 3)),
+            entropy=torch.special.entr(p).sum(-1).mean(dim=(0, 2)),
+            first_token_mass=sink.mean(dim=(0, 2)) if sink.numel() else torch.ones(p.shape[1], device=p.device),
+        )
 
     def _flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # pragma: no cover - needs CUDA + flash-attn
         from flash_attn import flash_attn_func
@@ -221,5 +289,6 @@ class Attention(nn.Module):
             causal=self.config.causal,
             window_size=(window - 1, 0) if window is not None else (-1, -1),
             deterministic=torch.are_deterministic_algorithms_enabled(),  # its dq backward otherwise uses atomics
+            **({"softcap": self.config.softcap} if self.config.softcap is not None else {}),
         )
         return y.transpose(1, 2)  # (B, H, Tq, hd)

@@ -8,8 +8,9 @@ key (``attention.n_heads``) and the valid values, a value of the wrong type ``Ty
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
+from lnblocks.blocks.hyper import HyperConnectionsConfig
 from lnblocks.blocks.placements import PLACEMENTS
 from lnblocks.config import (
     Config,
@@ -24,16 +25,45 @@ from lnblocks.config import (
 from lnblocks.norms import NormSpec
 
 AttentionBackend = Literal["sdpa", "flash_attn", "eager"]
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
+OutputGate = Literal["headwise", "elementwise"]
 
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
-GATED_ACTIVATIONS: tuple[str, ...] = ("swiglu", "geglu")
+GATED_ACTIVATIONS: tuple[str, ...] = ("swiglu", "geglu", "geglu_tanh")
 QK_NORM_KINDS: tuple[str, ...] = ("rmsnorm", "layernorm")
+OUTPUT_GATES: tuple[str, ...] = get_args(OutputGate)
+
+
+class AddedFields:
+    """Mixin: ``ADDED`` names fields added after configs were first stored; ``to_dict()`` leaves each out while it
+    is None (its default, which does what configs did before it existed), so the stored form of an existing config
+    (YAML, run records, the study's run ids) does not change. ``from_dict`` fills them back in."""
+
+    ADDED: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()  # type: ignore[misc]
+        for name in self.ADDED:
+            if out.get(name, 0) is None:
+                del out[name]
+        return out
+
+
+def _norm_or_none(value: Any, key: str) -> NormSpec | None:
+    """A per-head norm option (``qk_norm``, ``v_norm``): None, or an rmsnorm/layernorm spec."""
+    if value is None:
+        return None
+    spec = NormSpec.from_dict(value, key=key)
+    if spec.kind not in QK_NORM_KINDS:
+        raise ConfigValueError(
+            key, f"must be None or one of {list(QK_NORM_KINDS)} (or a preset of them), got {spec.kind!r}"
+        )
+    return spec
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttentionConfig(Config):
+class AttentionConfig(AddedFields, Config):
     """Multi-head self-attention with grouped KV heads (GQA, Ainslie et al. 2023; MQA with ``n_kv_heads=1``).
 
     ``head_dim`` None: ``dim // n_heads``. ``scale`` None: ``head_dim ** -0.5``. ``sliding_window``: a query sees at
@@ -41,7 +71,13 @@ class AttentionConfig(Config):
     ``"flash_attn"`` (flash-attn on CUDA in fp16/bf16 when installed, otherwise sdpa; ``Attention.last_backend`` says
     which ran) or ``"eager"`` (explicit softmax; records attention-logit maxima and entropy in ``last_stats``).
     Positions (RoPE or learned) belong to the model: a block receives RoPE's ``(cos, sin)`` as an argument.
+    ``softcap``: None, or ``c`` for Gemma 2's attention-logit soft-capping ``c * tanh(logits / c)`` (arXiv
+    2408.00118; sdpa cannot cap: a capped layer runs eager, or flash-attn's own cap). ``output_gate``: None,
+    ``"headwise"`` or ``"elementwise"``, the sigmoid gate on the SDPA output computed from the attention's input
+    (gated attention, Qiu et al. 2025, arXiv 2505.06708).
     """
+
+    ADDED: ClassVar[tuple[str, ...]] = ("softcap", "output_gate")
 
     n_heads: int = 4
     n_kv_heads: int | None = None
@@ -53,6 +89,8 @@ class AttentionConfig(Config):
     out_bias: bool = True
     sliding_window: int | None = None
     scale: float | None = None
+    softcap: float | None = None
+    output_gate: OutputGate | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_heads", "n_kv_heads", "head_dim", "sliding_window"):
@@ -62,6 +100,8 @@ class AttentionConfig(Config):
         check_choice("backend", self.backend, ATTENTION_BACKENDS)
         self._set("dropout", check_prob("dropout", self.dropout))
         self._set("scale", check_float("scale", self.scale, lo=0, lo_open=True, allow_none=True))
+        self._set("softcap", check_float("softcap", self.softcap, lo=0, lo_open=True, allow_none=True))
+        check_choice("output_gate", self.output_gate, OUTPUT_GATES, allow_none=True)
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
             raise ConfigValueError("n_kv_heads", f"({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         if self.sliding_window is not None and not self.causal:
@@ -94,7 +134,7 @@ class MLPConfig(Config):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockConfig(Config):
+class BlockConfig(AddedFields, Config):
     """One residual block: where its norms go (``placement``), which norm, and its attention and MLP.
 
     ``placement``: one of ``PLACEMENTS`` (``"pre"``, ``"post"``, ``"sandwich"``, ``"reordered"``, ``"deepnorm"``,
@@ -109,7 +149,16 @@ class BlockConfig(Config):
     ``mlp_norm``: NormFormer's FFN norm (Shleifer et al. 2021, arXiv 2110.09456): a norm over the MLP's hidden
     activations, after the activation (after the gating product for SwiGLU/GeGLU), before ``fc2``; any placement.
     ``True`` uses the block's ``norm``; a norm (kind, preset, spec, dict) uses that one; ``False`` none.
+    ``v_norm``: None, or an rmsnorm/layernorm spec applied per head to v (with ``qk_norm``: HybridNorm's
+    QKV-norm, Zhuo et al. 2025, arXiv 2503.04598). ``mlp_placement``: None (the MLP sublayer follows
+    ``placement``), or the MLP sublayer's own placement: per-sublayer placement, both among the single-stream rows
+    (``Placement.sublayer``); HybridNorm is ``placement="none"`` with QKV-norm and ``mlp_placement=
+    "normed_residual"`` (``lnblocks.models.hybridnorm``). ``hyper_connections``: None, or a
+    ``HyperConnectionsConfig`` (``n_streams`` residual streams, ``kind`` static / dynamic / mhc) replacing the
+    residual adds of a placement without a post norm (``lnblocks.blocks.hyper``).
     """
+
+    ADDED: ClassVar[tuple[str, ...]] = ("v_norm", "mlp_placement", "hyper_connections")
 
     dim: int = 64
     placement: str = "pre"
@@ -123,20 +172,20 @@ class BlockConfig(Config):
     rezero: bool = False
     dropout: float = 0.0
     mlp_norm: bool | NormSpec | str | dict = False
+    v_norm: NormSpec | str | dict | None = None
+    mlp_placement: str | None = None
+    hyper_connections: HyperConnectionsConfig | dict | None = None
 
     def __post_init__(self) -> None:
         self._set("dim", check_int("dim", self.dim))
         check_choice("placement", self.placement, PLACEMENTS)
+        check_choice("mlp_placement", self.mlp_placement, PLACEMENTS, allow_none=True)
         self._set("norm", NormSpec.from_dict(self.norm, key="norm"))
         self._nested("attention", AttentionConfig)
         self._nested("mlp", MLPConfig)
-        if self.qk_norm is not None:
-            qk = NormSpec.from_dict(self.qk_norm, key="qk_norm")
-            if qk.kind not in QK_NORM_KINDS:
-                raise ConfigValueError(
-                    "qk_norm", f"must be None or one of {list(QK_NORM_KINDS)} (or a preset of them), got {qk.kind!r}"
-                )
-            self._set("qk_norm", qk)
+        self._nested("hyper_connections", HyperConnectionsConfig, allow_none=True)
+        self._set("qk_norm", _norm_or_none(self.qk_norm, "qk_norm"))
+        self._set("v_norm", _norm_or_none(self.v_norm, "v_norm"))
         for name in ("depth_scaled_norm", "shared_norm", "rezero"):
             check_bool(name, getattr(self, name))
         if not isinstance(self.mlp_norm, (bool, NormSpec, str, dict)):
@@ -152,7 +201,7 @@ class BlockConfig(Config):
         self._check_combinations()
 
     def _check_combinations(self) -> None:
-        p = PLACEMENTS[self.placement]
+        p, pm = PLACEMENTS[self.placement], PLACEMENTS[self.mlp_placement or self.placement]
         att = self.attention
         if att.head_dim is None and self.dim % att.n_heads != 0:
             raise ConfigValueError(
@@ -165,18 +214,82 @@ class BlockConfig(Config):
             )
         if self.deepnorm_alpha is not None and self.placement != "deepnorm":
             raise ConfigValueError("deepnorm_alpha", f"needs placement='deepnorm', got placement={self.placement!r}")
-        with_in_norm = [k for k, v in PLACEMENTS.items() if v.in_norm]
-        if self.depth_scaled_norm and not p.in_norm:
+        with_in_norm = [k for k, v in PLACEMENTS.items() if v.in_norm and not v.siamese]
+        if self.depth_scaled_norm and not (p.in_norm or pm.in_norm):
             raise ConfigValueError(
                 "depth_scaled_norm",
                 f"scales an input norm's output; placement={self.placement!r} has none (use one of {with_in_norm})",
             )
-        if self.norm.residual_in_fp32 and not p.in_norm:
+        if self.norm.residual_in_fp32 and not (p.in_norm or pm.in_norm):
             raise ConfigValueError(
                 "norm.residual_in_fp32",
                 f"keeps a pre-norm residual stream in fp32; placement={self.placement!r} has no input norm to "
                 f"fuse it into (use one of {with_in_norm})",
             )
+        self._check_new_options(p, pm)
+
+    def _check_new_options(self, p: Any, pm: Any) -> None:
+        """Per-sublayer placement, SiameseNorm, nGPT and hyper-connections: what each combines with."""
+        single = [k for k, v in PLACEMENTS.items() if v.sublayer]
+        if self.mlp_placement not in (None, self.placement) and not (p.sublayer and pm.sublayer):
+            raise ConfigValueError(
+                "mlp_placement",
+                f"sets a per-sublayer placement: both sublayers' placements must be among {single} (one stream, "
+                f"no block-level constant), got placement={self.placement!r}, mlp_placement={self.mlp_placement!r}",
+            )
+        if self.norm.residual_in_fp32 and (p.siamese or p.normalized or pm.residual_after_norm or p.residual_after_norm
+                                           or self.hyper_connections is not None):  # fmt: skip
+            raise ConfigValueError(
+                "norm.residual_in_fp32", "keeps a pre-norm residual stream in fp32: only with pre-norm-like streams"
+            )
+        if p.siamese:
+            for name in ("depth_scaled_norm", "hyper_connections"):
+                if getattr(self, name) not in (False, None):
+                    raise ConfigValueError(name, "is not available with placement 'siamese' (its own two streams)")
+        if p.normalized:
+            self._check_ngpt()
+        if self.hyper_connections is not None:
+            allowed = [k for k, v in PLACEMENTS.items() if v.sublayer and not v.post_norm and not v.residual_after_norm]
+            for key, name in (("placement", self.placement), ("mlp_placement", self.mlp_placement)):
+                if name is not None and name not in allowed:
+                    raise ConfigValueError(
+                        key,
+                        f"with hyper_connections must be one of {allowed} (the streams replace the residual add), "
+                        f"got {name!r}",
+                    )
+
+    def _check_ngpt(self) -> None:
+        """nGPT (Loshchilov et al. 2024): no norms, biases, dropout or gates; SwiGLU; one KV head per query head."""
+        clashes = {
+            "qk_norm": self.qk_norm is not None,
+            "v_norm": self.v_norm is not None,
+            "mlp_norm": self.mlp_norm_spec is not None,
+            "depth_scaled_norm": self.depth_scaled_norm,
+            "rezero": self.rezero,
+            "dropout": self.dropout != 0.0,
+            "hyper_connections": self.hyper_connections is not None,
+            "attention.scale": self.attention.scale is not None,
+            "attention.softcap": self.attention.softcap is not None,
+            "attention.output_gate": self.attention.output_gate is not None,
+            "attention.n_kv_heads": self.attention.kv_heads != self.attention.n_heads,
+            "attention.qkv_bias": self.attention.qkv_bias,
+            "attention.out_bias": self.attention.out_bias,
+            "mlp.bias": self.mlp.bias,
+            "mlp.activation": self.mlp.activation != "swiglu",
+        }
+        bad = [k for k, v in clashes.items() if v]
+        if bad:
+            raise ConfigValueError(
+                bad[0],
+                "does not go with placement 'ngpt' (nGPT: no norms, biases, dropout, gates or other logit scales; "
+                f"a SwiGLU MLP; n_kv_heads = n_heads): set {bad} to their defaults (biases False, activation "
+                "'swiglu')",
+            )
+
+    @property
+    def mlp_placement_name(self) -> str:
+        """The MLP sublayer's placement: ``mlp_placement``, or ``placement`` when None."""
+        return self.mlp_placement or self.placement
 
     @property
     def mlp_norm_spec(self) -> NormSpec | None:

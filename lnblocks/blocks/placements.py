@@ -19,6 +19,11 @@ class Placement:
     ``x + norm(f(.))``. ``post_norm``: norm after the add, ``norm(x + f(.))``. ``parallel``: attention and MLP read
     the same stream and their outputs are summed. ``dual``: ResiDual's second, un-normalised stream.
     ``final_norm``: a model whose last block has this placement applies a final norm (the rule, stated per row).
+    ``residual_after_norm``: the stream itself is replaced by its input norm before the add, ``u + f(u)`` with
+    ``u = norm(x)``. ``siamese``: SiameseNorm's two streams sharing the block's weights. ``normalized``: nGPT's
+    hypersphere update (no norm modules; unit-norm hidden states and weights). ``sublayer``: the row can be the
+    placement of one sublayer (``BlockConfig.mlp_placement``) and carry hyper-connections: one stream, no
+    block-level constant.
     """
 
     name: str
@@ -31,6 +36,10 @@ class Placement:
     parallel: bool = False
     dual: bool = False
     final_norm: bool = False
+    residual_after_norm: bool = False
+    siamese: bool = False
+    normalized: bool = False
+    sublayer: bool = False
 
 
 PLACEMENTS: dict[str, Placement] = {
@@ -43,6 +52,7 @@ PLACEMENTS: dict[str, Placement] = {
             "final norm: the stream is never normalised, so the model normalises it once before the head",
             in_norm=True,
             final_norm=True,
+            sublayer=True,
         ),
         Placement(
             "post",
@@ -50,6 +60,7 @@ PLACEMENTS: dict[str, Placement] = {
             "original Transformer (Vaswani et al. 2017), BERT",
             "no final norm: every block already ends with a norm",
             post_norm=True,
+            sublayer=True,
         ),
         Placement(
             "sandwich",
@@ -59,6 +70,7 @@ PLACEMENTS: dict[str, Placement] = {
             in_norm=True,
             out_norm=True,
             final_norm=True,
+            sublayer=True,
         ),
         Placement(
             "reordered",
@@ -67,6 +79,7 @@ PLACEMENTS: dict[str, Placement] = {
             "final norm (OLMo 2's model.norm)",
             out_norm=True,
             final_norm=True,
+            sublayer=True,
         ),
         Placement(
             "deepnorm",
@@ -98,6 +111,37 @@ PLACEMENTS: dict[str, Placement] = {
             "x + f(x)",
             "norm-free stacks: ReZero (Bachlechner et al. 2020, with rezero=True), DyT-style ablations",
             "no final norm (set GPTConfig.final_norm=True to add one)",
+            sublayer=True,
+        ),
+        Placement(
+            "normed_residual",
+            "u = norm(x); u + f(u)",
+            "HybridNorm's FFN sublayer (Zhuo et al. 2025, arXiv 2503.04598: FFN(Norm(Y)) + Norm(Y); its code's "
+            "ffn_residual_after_norm)",
+            "final norm: the stream after the add is not normalised",
+            in_norm=True,
+            final_norm=True,
+            residual_after_norm=True,
+            sublayer=True,
+        ),
+        Placement(
+            "siamese",
+            "x^ = norm_x(x); z = f(norm_in(x^ + norm_y(y))); x <- x^ + z / sqrt(2(l+1)); y <- y + z; "
+            "output norm_f(norm_x'(x_N) + norm_y'(y_N))",
+            "SiameseNorm (Li et al. 2026, arXiv 2602.08064; Qwen-Applications/SiameseNorm: both streams start at "
+            "the embedding)",
+            "final norm over the two normalised streams' sum",
+            in_norm=True,
+            post_norm=True,
+            siamese=True,
+            final_norm=True,
+        ),
+        Placement(
+            "ngpt",
+            "h <- Norm(h + alpha * (Norm(f(h)) - h)), Norm(v) = v / ||v||",
+            "nGPT (Loshchilov et al. 2024, arXiv 2410.01131): unit-norm hidden states and weight vectors",
+            "no final norm: the hidden state is unit-norm; the logits are scaled by s_z",
+            normalized=True,
         ),
     )
 }
@@ -116,3 +160,9 @@ def deepnorm_beta(n_layers: int) -> float:
 def depth_scale(layer_idx: int) -> float:
     """LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth"): ``1/sqrt(l)`` with ``l = layer_idx + 1``."""
     return 1.0 / math.sqrt(layer_idx + 1)
+
+
+def siamese_divisor(layer_idx: int) -> float:
+    """SiameseNorm's Post-like stream takes each branch output divided by ``sqrt(2 l)``, ``l = layer_idx + 1`` (both
+    sublayers of a block; the authors' code, Qwen-Applications/SiameseNorm, in its LM, ViT and DiT models)."""
+    return math.sqrt(2.0 * (layer_idx + 1))

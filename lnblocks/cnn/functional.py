@@ -28,7 +28,7 @@ Statistics are biased (divide by the count, as every ``torch.nn`` norm does when
 ``promote(x.dtype, float32)``, so half inputs get fp32 statistics and fp64 stays fp64; the output has ``x``'s dtype.
 ``normalize`` is the reference the classic modules are tested against (outputs and grads). The modules themselves run
 torch's native kernels (``F.batch_norm``, ``F.group_norm``, ``F.instance_norm``, ``F.layer_norm``), since composing
-``normalize`` from ops costs 1.5-10x more time on CPU (``benchmarks/bench_cnn_norms.py``). The running-statistics
+``normalize`` from ops costs 1.5-10x more time on CPU (``benchmarks/norms/bench_cnn_norms.py``). The running-statistics
 update of BatchNorm (unbiased variance, ``momentum=None`` = cumulative average) lives here too, so the modules that
 compute their own statistics (SyncBatchNorm, BatchRenorm) share one copy of that rule.
 """

@@ -12,7 +12,8 @@ from typing import Any
 
 from lnblocks.hf.families import ROLES
 from lnblocks.hf.global_patch import patch_transformers, unpatch_transformers
-from lnblocks.hf.patch import is_patched, patch_norms, patched_norms, unpatch_norms
+from lnblocks.hf.patch import patch_norms, patched_norms, unpatch_norms
+from lnblocks.hf.record import is_patched
 from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport
 from lnblocks.hf.stacks import from_pretrained
 
@@ -33,7 +34,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:  # PatchNormsCallback subclasses transformers.TrainerCallback: built on first use
     if name == "PatchNormsCallback":
-        from lnblocks.hf.stacks import _callback_class
+        from lnblocks.hf import stacks
 
-        return _callback_class()
+        return stacks.PatchNormsCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

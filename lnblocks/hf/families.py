@@ -4,7 +4,7 @@ The same attribute name plays different roles across families: Llama's ``post_at
 MLP *input* (Pre-LN), while Gemma2/3's and OLMo2's normalises the attention *output* before the residual add
 (sandwich / "reordered" norm), and OPT's ``final_layer_norm`` is the per-layer MLP norm, Pre- or Post-LN depending on
 ``config.do_layer_norm_before``. Roles only label the report and drive ``include``/``exclude``; the math of a norm
-comes from its class (``lnblocks.hf.classes``), never from its role. Which model types use which layout is a column
+comes from its class (``lnblocks.hf.recognition``), never from its role. Which model types use which layout is a column
 of the one family table, ``lnblocks.norms.families.MODEL_FAMILIES``.
 """
 

@@ -6,30 +6,23 @@ before the call (Liger PR #170), and cannot be scoped (Liger #242). Here the hoo
 patched per instance by ``patch_norms``, before ``from_pretrained`` loads the weights (the patched modules share
 their Parameter dicts, so the loaded weights are the ones used). Undo with ``unpatch_transformers()`` or use the
 returned handle as a context manager; models built meanwhile stay patched until ``unpatch_norms(model)``.
+
+``fuse_residual=True`` fuses the residual adds of every model built whose decoder layers can be fused, and patches
+the others' norms alone (logged at INFO): the hook meets every model built, sub-models (a vision tower, an encoder)
+included, and an unfusable one must not make its construction fail.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from lnblocks._optional import require
-from lnblocks.config import check_choice
 from lnblocks.hf.families import ROLES
-from lnblocks.hf.patch import _patch
-from lnblocks.norms.spec import BACKENDS
+from lnblocks.hf.patch import PatchOptions, plan_patch
 
-
-@dataclass(frozen=True)
-class _Options:
-    backend: str
-    include: tuple[str, ...] | None
-    exclude: tuple[str, ...] | None
-
-
-_state: dict[str, Any] = {"options": None, "original": None}
+_state: dict[str, Any] = {"options": None, "original": None}  # the PatchOptions in force, the unhooked post_init
 
 
 def _roles_only(arg: str | Iterable[str] | None, what: str) -> tuple[str, ...] | None:
@@ -49,9 +42,9 @@ def _hooked(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def post_init(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        options: _Options | None = _state["options"]
+        options: PatchOptions | None = _state["options"]
         if options is not None:
-            _patch(self, options.backend, options.include, options.exclude, on_empty="log")
+            plan_patch(self, options).apply()
         return result
 
     post_init._lnblocks_hook = True  # type: ignore[attr-defined]
@@ -72,14 +65,24 @@ def patch_transformers(
     backend: str = "auto",
     include: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
+    *,
+    fuse_residual: bool = False,
 ) -> TransformersPatch:
     """Patch the norms of every ``transformers`` model constructed after this call (see ``patch_norms``).
 
-    ``include``/``exclude`` take role names (``lnblocks.hf.ROLES``). Calling it again replaces the options; the hook
-    is installed once. Reversed by ``unpatch_transformers()`` or by leaving the ``with`` block.
+    ``include``/``exclude`` take role names (``lnblocks.hf.ROLES``). ``fuse_residual=True`` also fuses the residual
+    adds of the decoder layers that can be fused (a model with none is patched without, and logged). Calling it
+    again replaces the options; the hook is installed once. Reversed by ``unpatch_transformers()`` or by leaving the
+    ``with`` block.
     """
-    check_choice("backend", backend, BACKENDS)
-    options = _Options(backend, _roles_only(include, "include"), _roles_only(exclude, "exclude"))
+    options = PatchOptions(
+        backend,
+        _roles_only(include, "include"),
+        _roles_only(exclude, "exclude"),
+        fuse_residual,
+        on_empty="log",
+        on_unfusable="log",
+    )
     pretrained = require("transformers").PreTrainedModel
     if not getattr(pretrained.post_init, "_lnblocks_hook", False):
         _state["original"] = pretrained.post_init

@@ -1,346 +1,254 @@
 """``patch_norms`` / ``unpatch_norms`` / ``patched_norms``: run the norms of a built model through lnblocks.
 
-How a module is patched (per instance, reversibly; Liger-Kernel binds forwards the same way):
+A call is two steps, so that every check runs before anything changes:
 
-- its class, parameters and ``state_dict`` keys stay as they are, so ``isinstance``, optimizers holding the
-  Parameters, ``save_pretrained`` and checkpoints keep working;
-- an lnblocks norm (``lnblocks.norms``: the one source of norm math, and the Triton dispatch) is built for the
-  module's exact math and kept in the module's ``__dict__``, not registered as a submodule; it shares the module's
-  ``_parameters`` dict, so it always sees the live Parameters, also after ``.to()``, ``.half()``, ``to_empty`` or
-  ``load_state_dict(assign=True)``;
-- the instance gets ``forward = partial(_patched_forward, module)``, which reads eps from the module's own attribute
-  (``variance_epsilon`` or ``eps``) at every call and calls the lnblocks norm. Nothing is computed in place, so
-  post-branch (sandwich) norms, whose input is still needed, are safe. ``unpatch_norms`` removes exactly what was
-  added. A module whose forward another tool already replaced is left alone and reported, except accelerate's
-  device hooks (``device_map``), whose wrapped ``_old_forward`` is patched instead, keeping the hook.
-- PEFT models patch like any other: the frozen original and each adapter's trainable copy inside a
-  ``ModulesToSaveWrapper`` are patched, and roles are read from the name in the base model.
-- ``fuse_residual=True`` also rewrites decoder layers so the residual add before a norm is part of the norm call
-  (``lnblocks.hf.residual``). Patching an already patched model again with other options (backend, fuse_residual) is
-  refused: ``unpatch_norms`` first.
+1. **select** (``plan_patch``): the options are checked against what an earlier patch did; each module is
+   recognised (``lnblocks.hf.recognition``: the math of its class) and given a role (``lnblocks.hf.families``);
+   include/exclude choose among the recognised ones; an lnblocks norm is built for each chosen module
+   (``lnblocks.hf.install``); with ``fuse_residual=True`` the decoder layers to fuse are planned and their classes
+   compiled (``lnblocks.hf.residual``). An error here leaves the model exactly as it was.
+2. **apply** (``PatchPlan.apply``): each chosen module gets its patched forward, each planned layer its fused class.
+
+How one module is patched (per instance, reversibly; Liger-Kernel binds forwards the same way) is described in
+``lnblocks.hf.install``, how a layer is fused in ``lnblocks.hf.residual``. A module whose forward another tool
+already replaced is left alone and reported, except under accelerate's device hooks (``device_map``), which stay.
+PEFT models patch like any other: the frozen original and each adapter's trainable copy inside a
+``ModulesToSaveWrapper`` are patched, and roles are read from the name in the base model. Patching an already patched
+model again with other options (backend, fuse_residual) is refused: ``unpatch_norms`` first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
-import functools
 import logging
-import types
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from lnblocks.config import check_bool, check_choice
-from lnblocks.hf import residual as R
-from lnblocks.hf.classes import NormMath, recognise
-from lnblocks.hf.families import ROLES, role_map_for
-from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport
-from lnblocks.hf.wrappers import NORM_KEY, base_model_name, hooked_by_accelerate, is_patched, is_peft_model, role_name
-from lnblocks.norms import Norm, build_norm
+from lnblocks.hf.families import ROLES, RoleMap, role_map_for
+from lnblocks.hf.install import build_norm_for, check_triton, install, same_kind, uninstall
+from lnblocks.hf.recognition import NormMath, recognise
+from lnblocks.hf.record import fusion_of, is_fused, is_patched, record_of
+from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport, Status
+from lnblocks.hf.residual import LayerPlan, fuse, plan_fusion, unfuse
+from lnblocks.hf.wrappers import base_model_name, hooked_by_accelerate, is_peft_model, role_name
+from lnblocks.norms import Norm
 from lnblocks.norms.spec import BACKENDS
 
-_NORM_KEY = NORM_KEY
 log = logging.getLogger("lnblocks.hf")
+Selectors = str | Iterable[str] | None
 
 
-def _same_kind(err: Exception, message: str) -> Exception:
-    """A plain ``ValueError``/``TypeError`` (as ``err`` is) with ``message``: the error says which module failed."""
-    return (ValueError if isinstance(err, ValueError) else TypeError)(message)
-
-
-def _class_route(norm: Norm, x: Tensor, dtype: torch.dtype) -> bool:
-    """True where the lnblocks norm as it is would round differently from the class (see ``NormMath``)."""
-    math: NormMath = norm.hf_math
-    if math.fp32_only and dtype == torch.float64:
-        return True  # the class computes in fp32 even for fp64 inputs
-    return math.torch_route != "lnblocks" and norm.backend_for(x) == "torch"
-
-
-def _class_math(module: nn.Module, norm: Norm, x: Tensor) -> Tensor:
-    if norm.hf_math.torch_route == "fp32_input" and x.dtype != torch.float64:
-        return norm.forward(x.to(torch.float32)).to(x.dtype)  # OLMo: F.layer_norm of the fp32 input
-    return type(module).forward(module, x)
-
-
-def _patched_forward(module: nn.Module, hidden_states: Tensor, residual: Tensor | None = None) -> Tensor | tuple:
-    """The forward of a patched module: the lnblocks norm, with eps read from the module's own attribute.
-
-    With ``residual`` (a fused decoder layer's call): ``(norm(hidden_states + residual), hidden_states + residual)``.
-    """
-    norm = getattr(module, _NORM_KEY)
-    math: NormMath = norm.hf_math
-    if residual is None:
-        if _class_route(norm, hidden_states, hidden_states.dtype):
-            return _class_math(module, norm, hidden_states)
-    elif _class_route(norm, hidden_states, torch.promote_types(hidden_states.dtype, residual.dtype)):
-        total = hidden_states + residual
-        return _class_math(module, norm, total), total
-    eps = norm.spec.eps if math.eps_attr is None else getattr(module, math.eps_attr)
-    if eps != norm.spec.eps:  # eps changed on the module after patching: follow it
-        try:
-            norm.spec = norm.spec.replace(eps=None if eps is None else float(eps))
-        except (TypeError, ValueError) as err:
-            raise _same_kind(
-                err,
-                f"{type(module).__name__}.{math.eps_attr} = {eps!r}, set after patching, is no eps lnblocks can run: "
-                f"{err}",
-            ) from None
-    return norm.forward(hidden_states) if residual is None else norm.forward(hidden_states, residual)
-
-
-def _patched_extra_repr(module: nn.Module) -> str:
-    norm = getattr(module, _NORM_KEY)
-    return f"{type(module).extra_repr(module)}, lnblocks(backend={norm.spec.backend!r})".lstrip(", ")
-
-
-def _lnblocks_norm(name: str, module: nn.Module, math: NormMath, backend: str) -> Norm:
-    # built on "meta" (no memory), then pointed at the module's own parameter dict: no copy, no new Parameter
-    try:
-        norm = build_norm(math.spec(module, backend), math.normalized_shape(module), device="meta")
-    except (TypeError, ValueError) as err:
-        raise _same_kind(err, f"cannot patch the norm {name or '<model>'} ({type(module).__name__}): {err}") from None
-    if math.params or math.origin.startswith("torch.nn."):  # a class with no parameter at all keeps the norm's Nones
-        object.__setattr__(norm, "_parameters", module._parameters)
-    norm.hf_math = math
-    return norm
-
-
-def _is_ours(obj: object, func: object = _patched_forward) -> bool:
-    return isinstance(obj, functools.partial) and obj.func is func
-
-
-def _install(module: nn.Module, norm: Norm) -> None:
-    module.__dict__[_NORM_KEY] = norm
-    ours = functools.partial(_patched_forward, module)
-    if "forward" in module.__dict__:  # an accelerate hook: replace the forward it calls, keep the hook
-        norm.hf_saved_forward = module.__dict__["_old_forward"]
-        module.__dict__["_old_forward"] = ours
-    else:
-        module.__dict__["forward"] = ours
-    module.__dict__["extra_repr"] = functools.partial(_patched_extra_repr, module)
-
-
-def _uninstall(module: nn.Module) -> None:
-    """Remove only what ``_install`` put there, also when a hook was added on top of it since (accelerate)."""
-    norm = module.__dict__.pop(_NORM_KEY)
-    if _is_ours(module.__dict__.get("forward")):
-        del module.__dict__["forward"]
-    elif _is_ours(module.__dict__.get("_old_forward")):
-        saved = getattr(norm, "hf_saved_forward", None)
-        module.__dict__["_old_forward"] = saved if saved is not None else types.MethodType(type(module).forward, module)
-    if _is_ours(module.__dict__.get("extra_repr"), _patched_extra_repr):
-        del module.__dict__["extra_repr"]
-
-
-def _triton_check(name: str, module: nn.Module, norm: Norm) -> None:
-    """``backend="triton"`` must be runnable at patch time (on the parameters' device), not fail mid-forward."""
-    param = next((p for p in module._parameters.values() if p is not None), None)
-    if param is None or param.device.type == "meta":
-        return  # nothing to probe yet: the forward raises the same error if the kernel cannot run
-    from lnblocks.kernels import unavailable_reason  # lazy: no triton at import time
-
-    probe = torch.empty((1, *norm.normalized_shape), device=param.device, dtype=param.dtype)
-    reason = unavailable_reason(norm.spec, probe)
-    if reason is not None:
-        raise ValueError(
-            f"backend='triton' cannot run the norm {name or '<model>'} ({type(module).__name__}, "
-            f"{param.device.type} {param.dtype}): {reason}. Use backend='auto' (fused kernels where they can run, "
-            "PyTorch elsewhere) or backend='torch'."
-        )
-
-
-def _selectors(arg: str | Iterable[str] | None, what: str) -> list[str] | None:
+def _selectors(arg: Selectors, what: str) -> tuple[str, ...] | None:
     if arg is None:
         return None
-    items = [arg] if isinstance(arg, str) else list(arg) if isinstance(arg, Iterable) else None
+    items = (arg,) if isinstance(arg, str) else tuple(arg) if isinstance(arg, Iterable) else None
     if items is None or not all(isinstance(i, str) for i in items):
         raise TypeError(f"{what} must be None, a role/pattern string or a list of them, got {arg!r}")
     return items
 
 
-def _matches(item: str, name: str, role: str) -> bool:
-    return item == role or fnmatch.fnmatchcase(name, item)
+@dataclass(frozen=True)
+class PatchOptions:
+    """What a patch is asked for (``patch_norms``'s arguments, checked here); ``include``/``exclude`` are kept as
+    tuples.
+
+    ``on_empty``: what a model with no norm to patch gets: "warn" (``patch_norms``), "log" (``patch_transformers``,
+    which meets every model built) or "raise" (``from_pretrained``, ``PatchNormsCallback``; a PEFT model always).
+    ``on_unfusable``: with ``fuse_residual``, what a layer that cannot be fused gets: "raise" (``ValueError``, nothing
+    changed) or "log" (``patch_transformers``: left unfused, its norms patched).
+    """
+
+    backend: str = "auto"
+    include: Selectors = None
+    exclude: Selectors = None
+    fuse_residual: bool = False
+    on_empty: Literal["warn", "log", "raise"] = "warn"
+    on_unfusable: Literal["raise", "log"] = "raise"
+
+    def __post_init__(self) -> None:
+        check_choice("backend", self.backend, BACKENDS)
+        check_bool("fuse_residual", self.fuse_residual)
+        object.__setattr__(self, "include", _selectors(self.include, "include"))
+        object.__setattr__(self, "exclude", _selectors(self.exclude, "exclude"))
+        check_choice("on_empty", self.on_empty, ("warn", "log", "raise"))
+        check_choice("on_unfusable", self.on_unfusable, ("raise", "log"))
 
 
 @dataclass
-class _Plan:
-    name: str
-    module: nn.Module
-    role: str
-    math: NormMath
+class PatchPlan:
+    """What ``plan_patch`` selected and built for one model; ``apply()`` patches it."""
+
+    model: nn.Module
+    options: PatchOptions
+    report: PatchReport
+    norms: list[tuple[nn.Module, Norm, NormMath]] = field(default_factory=list)  # (module, its norm, its math)
+    layers: list[LayerPlan] = field(default_factory=list)
+
+    def apply(self) -> list[nn.Module]:
+        """Patch the chosen modules and fuse the planned layers; returns the modules this call changed (what
+        ``patched_norms`` undoes on exit)."""
+        changed: list[nn.Module] = []
+        for module, norm, math in self.norms:
+            if not is_patched(module):
+                install(module, norm, math)
+                changed.append(module)
+        for plan in self.layers:
+            if not is_fused(plan.layer):
+                fuse(plan.layer, plan.norms)
+                changed.append(plan.layer)
+        if not self.report.patched:
+            message = f"lnblocks.hf.patch_norms: no norm of {type(self.model).__name__} was patched"
+            unknown = self.report.unknown
+            message += f" ({len(unknown)} unknown norm-like modules, see the report)" if unknown else ""
+            if self.options.on_empty == "warn":
+                warnings.warn(message, UserWarning, stacklevel=3)
+            else:
+                log.info(message)
+        return changed
 
 
-def _check_options(model: nn.Module, backend: str, fuse_residual: bool) -> None:
+def plan_patch(model: nn.Module, options: PatchOptions) -> PatchPlan:
+    """Select what ``options`` patch in ``model`` and build all it needs, changing nothing; ``.apply()`` patches.
+
+    Raises ``ValueError``/``TypeError`` as ``patch_norms`` documents, always before anything changes."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(options, PatchOptions):
+        raise TypeError(f"options must be a PatchOptions, got {type(options).__name__}")
+    _check_same_options(model, options)
+    model_type, roles = role_map_for(model)
+    selection = _select(model, roles, options)
+    _check_selection(model, options, selection)
+    norms = []
+    for name, module, math in selection.chosen:
+        record = record_of(module)
+        norm = record.norm if record is not None else build_norm_for(name, module, math, options.backend)
+        if options.backend == "triton":
+            check_triton(name, module, norm)
+        norms.append((module, norm, math))
+    layers: list[LayerPlan] = []
+    if options.fuse_residual:
+        patched = {id(m) for m, _, _ in norms} | {id(m) for m in model.modules() if is_patched(m)}
+        layers = plan_fusion(model, selection.recognised, patched, strict=options.on_unfusable == "raise")
+    layer_entries = tuple(LayerEntry(lp.name, type(lp.layer).__name__, lp.norms) for lp in layers)
+    report = PatchReport(type(model).__name__, model_type, options.backend, tuple(selection.entries), layer_entries)
+    return PatchPlan(model, options, report, norms, layers)
+
+
+def _check_same_options(model: nn.Module, options: PatchOptions) -> None:
     """A model patched before must be asked for the same options again (nothing is changed otherwise)."""
     backends: dict[str, str] = {}  # backend -> the first module patched with it
     fused = None
     for name, module in model.named_modules():
-        if is_patched(module):
-            backends.setdefault(module.__dict__[_NORM_KEY].spec.backend, name or "<model>")
-        if fused is None and R.is_fused(module):
+        record = record_of(module)
+        if record is not None:
+            backends.setdefault(record.norm.spec.backend, name or "<model>")
+        if fused is None and fusion_of(module) is not None:
             fused = name
     if not backends and fused is None:
         return
     what = base_model_name(model)
     hint = "unpatch_norms(model) first to patch it with other options; nothing was changed"
     for old, name in backends.items():
-        if old != backend:
+        if old != options.backend:
             raise ValueError(
                 f"{what} is already patched with backend={old!r} (e.g. {name}); patching it again with "
-                f"backend={backend!r} is refused: {hint}"
+                f"backend={options.backend!r} is refused: {hint}"
             )
-    if (fused is not None) != fuse_residual:
+    lenient = options.on_unfusable == "log" and options.fuse_residual  # fusing where it can: none may be fused
+    if (fused is not None) != options.fuse_residual and not lenient:
         raise ValueError(
             f"{what} is already patched with fuse_residual={fused is not None} "
             f"(e.g. {fused or next(iter(backends.values()))}); patching it "
-            f"again with fuse_residual={fuse_residual} is refused: {hint}"
+            f"again with fuse_residual={options.fuse_residual} is refused: {hint}"
         )
 
 
-def _plan_fusion(model: nn.Module, recognised: set[int], patched: set[int]) -> list[R.LayerPlan]:
-    """The decoder layers to fuse, or a ``ValueError`` naming the classes that cannot be (before anything changes)."""
-    layers = R.plan_layers(model, recognised, patched)
-    what = base_model_name(model)
-    if not layers:
-        raise ValueError(
-            f"fuse_residual=True: {what} has no decoder layer lnblocks can fuse (no item of an nn.ModuleList has a "
-            "recognised norm as a direct child); patch it without fuse_residual. Nothing was changed."
-        )
-    refused: dict[str, tuple[int, str, str]] = {}
-    for plan in layers:
-        if not plan.norms:
-            count, example, reason = refused.get(type(plan.layer).__name__, (0, plan.name, plan.reason))
-            refused[type(plan.layer).__name__] = (count + 1, example, reason)
-    if refused:
-        lines = [f"{cls} ({n} layer{'s' if n > 1 else ''}, e.g. {ex}): {why}" for cls, (n, ex, why) in refused.items()]
-        raise ValueError(
-            f"fuse_residual=True: the residual add of {what} cannot be fused into its norms in "
-            + "; ".join(lines)
-            + ". Patch it without fuse_residual. Nothing was changed."
-        )
-    for plan in layers:
-        if not R.is_fused(plan.layer):
-            R.fused_class(type(plan.layer), plan.norms)  # compiled now, so installing cannot fail half-way
-    return layers
+@dataclass
+class _Selection:
+    entries: list[PatchEntry] = field(default_factory=list)  # every recognised or norm-like module, in order
+    chosen: list[tuple[str, nn.Module, NormMath]] = field(default_factory=list)  # the modules to patch now
+    recognised: set[int] = field(default_factory=set)  # ids of the modules whose math lnblocks reproduces
+    used: set[str] = field(default_factory=set)  # include/exclude items that matched a recognised module
 
 
-def _patch(
-    model: nn.Module,
-    backend: str,
-    include: str | Iterable[str] | None,
-    exclude: str | Iterable[str] | None,
-    *,
-    fuse_residual: bool = False,
-    on_empty: str = "warn",
-) -> tuple[PatchReport, list[nn.Module]]:
-    """``patch_norms`` returning also the modules this call newly patched or fused (``patched_norms`` undoes only
-    those). ``on_empty``: what a model with no norm to patch gets: "warn", "log" or "raise" (a PEFT model: "raise")."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    check_choice("backend", backend, BACKENDS)
-    check_bool("fuse_residual", fuse_residual)
-    inc, exc = _selectors(include, "include"), _selectors(exclude, "exclude")
-    _check_options(model, backend, fuse_residual)
-    model_type, roles = role_map_for(model)
+def _matches(item: str, name: str, role: str) -> bool:
+    return item == role or fnmatch.fnmatchcase(name, item)
 
-    entries: list[PatchEntry] = []
-    plans: list[_Plan] = []
-    used: set[str] = set()
-    recognised: set[int] = set()
+
+def _select(model: nn.Module, roles: RoleMap, options: PatchOptions) -> _Selection:
+    """Recognise every module, give it a role, and choose by include/exclude (a report entry each)."""
+    sel = _Selection()
     for name, module in model.named_modules():
         rec = recognise(module)
         if rec is None:
             continue
         cls, role = type(module).__name__, roles.role(role_name(name))
         if rec.math is None:
-            entries.append(PatchEntry(name, cls, role, rec.status, reason=rec.reason))  # type: ignore[arg-type]
+            sel.entries.append(PatchEntry(name, cls, role, rec.status, reason=rec.reason))  # type: ignore[arg-type]
             continue
-        recognised.add(id(module))
-        hits_inc = [i for i in inc or () if _matches(i, name, role)]
-        hits_exc = [e for e in exc or () if _matches(e, name, role)]
-        used.update(hits_inc, hits_exc)
-        selected = (inc is None or bool(hits_inc)) and not hits_exc
+        sel.recognised.add(id(module))
+        hits_inc = [i for i in options.include or () if _matches(i, name, role)]
+        hits_exc = [e for e in options.exclude or () if _matches(e, name, role)]
+        sel.used.update(hits_inc, hits_exc)
+        selected = (options.include is None or bool(hits_inc)) and not hits_exc
         try:
-            math_str = rec.math.describe(rec.math.spec(module, backend))
+            math_str = rec.math.describe(rec.math.spec(module, options.backend))
         except (TypeError, ValueError) as err:  # e.g. a negative or NaN eps: torch accepts it, lnblocks does not
             if selected:
-                raise _same_kind(err, f"cannot patch the norm {name or '<model>'} ({cls}): {err}") from None
+                raise same_kind(err, f"cannot patch the norm {name or '<model>'} ({cls}): {err}") from None
             math_str = f"{rec.math.kind}(not supported: {err})"
-        if is_patched(module) and not selected:  # selection decides what to patch now; it never unpatches
-            reason = "patched earlier; not selected now, left as it was (unpatch_norms restores it)"
-            entries.append(PatchEntry(name, cls, role, "patched", math_str, reason))
-        elif inc is not None and not hits_inc:
-            entries.append(PatchEntry(name, cls, role, "skipped", math_str, "not selected by include"))
-        elif hits_exc:
-            entries.append(PatchEntry(name, cls, role, "skipped", math_str, f"excluded by {hits_exc[0]!r}"))
-        elif "forward" in module.__dict__ and not is_patched(module) and not hooked_by_accelerate(module):
-            reason = "its forward is already replaced on the instance (another patcher or hook)"
-            entries.append(PatchEntry(name, cls, role, "skipped", math_str, reason))
-        else:
-            plans.append(_Plan(name, module, role, rec.math))
-            entries.append(PatchEntry(name, cls, role, "patched", math_str))
+        status, reason = _status(module, selected, options.include is not None and not hits_inc, hits_exc)
+        sel.entries.append(PatchEntry(name, cls, role, status, math_str, reason))
+        if status == "patched" and selected:
+            sel.chosen.append((name, module, rec.math))
+    return sel
 
-    for item in [*(inc or ()), *(exc or ())]:
-        if item not in used and item not in ROLES:
+
+def _status(module: nn.Module, selected: bool, not_included: bool, hits_exc: list[str]) -> tuple[Status, str]:
+    """A recognised module's report status and reason (``selected``: by include/exclude)."""
+    if is_patched(module) and not selected:  # selection decides what to patch now; it never unpatches
+        return "patched", "patched earlier; not selected now, left as it was (unpatch_norms restores it)"
+    if not_included:
+        return "skipped", "not selected by include"
+    if hits_exc:
+        return "skipped", f"excluded by {hits_exc[0]!r}"
+    if "forward" in module.__dict__ and not is_patched(module) and not hooked_by_accelerate(module):
+        return "skipped", "its forward is already replaced on the instance (another patcher or hook)"
+    return "patched", ""
+
+
+def _check_selection(model: nn.Module, options: PatchOptions, sel: _Selection) -> None:
+    """Every include/exclude item names something; a model that must patch something (PEFT, "raise") does."""
+    for item in [*(options.include or ()), *(options.exclude or ())]:
+        if item not in sel.used and item not in ROLES:
             raise ValueError(
                 f"include/exclude item {item!r} is neither a role ({', '.join(ROLES)}) nor a pattern matching the "
                 "name of a recognised norm module"
             )
-    patched_count = sum(e.status == "patched" for e in entries)
-    if not patched_count and (on_empty == "raise" or is_peft_model(model)):
-        unknown = sorted({e.cls for e in entries if e.status == "unknown"})
-        raise ValueError(
-            f"lnblocks.hf: {base_model_name(model)} has no norm lnblocks can patch"
-            + (f" (norm-like classes of unknown math: {', '.join(unknown)})" if unknown else "")
-            + (" (all recognised norms were left out by include/exclude)" if recognised else "")
-            + ". Nothing was changed."
-        )
-
-    # build and check everything first, so a failure leaves the model untouched
-    norms = [
-        getattr(p.module, _NORM_KEY) if is_patched(p.module) else _lnblocks_norm(p.name, p.module, p.math, backend)
-        for p in plans
-    ]
-    if backend == "triton":
-        for p, norm in zip(plans, norms):
-            _triton_check(p.name, p.module, norm)
-    layers: list[R.LayerPlan] = []
-    if fuse_residual:
-        patched_ids = {id(p.module) for p in plans} | {id(m) for m in model.modules() if is_patched(m)}
-        layers = _plan_fusion(model, recognised, patched_ids)
-
-    newly: list[nn.Module] = []
-    for p, norm in zip(plans, norms):
-        if not is_patched(p.module):
-            _install(p.module, norm)
-            newly.append(p.module)
-    for plan in layers:
-        if not R.is_fused(plan.layer):
-            R.fuse(plan.layer, plan.norms)
-            newly.append(plan.layer)
-
-    layer_entries = tuple(LayerEntry(lp.name, type(lp.layer).__name__, lp.norms) for lp in layers)
-    report = PatchReport(type(model).__name__, model_type, backend, tuple(entries), layer_entries)
-    if not report.patched:
-        message = f"lnblocks.hf.patch_norms: no norm of {type(model).__name__} was patched"
-        message += f" ({len(report.unknown)} unknown norm-like modules, see the report)" if report.unknown else ""
-        if on_empty == "warn":
-            warnings.warn(message, UserWarning, stacklevel=3)
-        else:
-            log.info(message)
-    return report, newly
+    if any(e.status == "patched" for e in sel.entries) or not (options.on_empty == "raise" or is_peft_model(model)):
+        return
+    unknown = sorted({e.cls for e in sel.entries if e.status == "unknown"})
+    raise ValueError(
+        f"lnblocks.hf: {base_model_name(model)} has no norm lnblocks can patch"
+        + (f" (norm-like classes of unknown math: {', '.join(unknown)})" if unknown else "")
+        + (" (all recognised norms were left out by include/exclude)" if sel.recognised else "")
+        + ". Nothing was changed."
+    )
 
 
 def _undo(modules: Iterable[nn.Module]) -> None:
     for module in modules:
-        if R.is_fused(module):
-            R.unfuse(module)
+        if is_fused(module):
+            unfuse(module)
         elif is_patched(module):
-            _uninstall(module)
+            uninstall(module)
 
 
 def patch_norms(
@@ -366,7 +274,9 @@ def patch_norms(
     harmless (no second wrapper; selection only adds modules) and returns the report again; with another backend or
     ``fuse_residual`` it is refused (``unpatch_norms`` first). Every error leaves the model exactly as it was.
     """
-    return _patch(model, backend, include, exclude, fuse_residual=fuse_residual)[0]
+    plan = plan_patch(model, PatchOptions(backend, include, exclude, fuse_residual))
+    plan.apply()
+    return plan.report
 
 
 def unpatch_norms(model: nn.Module) -> int:
@@ -375,7 +285,7 @@ def unpatch_norms(model: nn.Module) -> int:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     modules = list(model.modules())
-    _undo(m for m in modules if R.is_fused(m))
+    _undo(m for m in modules if is_fused(m))
     restored = [m for m in modules if is_patched(m)]
     _undo(restored)
     return len(restored)
@@ -392,8 +302,9 @@ def patched_norms(
 ) -> Iterator[PatchReport]:
     """``with patched_norms(model) as report:`` patches on entry and restores on exit the modules it patched
     (modules patched before entering stay patched)."""
-    report, newly = _patch(model, backend, include, exclude, fuse_residual=fuse_residual)
+    plan = plan_patch(model, PatchOptions(backend, include, exclude, fuse_residual))
+    changed = plan.apply()
     try:
-        yield report
+        yield plan.report
     finally:
-        _undo(newly)
+        _undo(changed)

@@ -21,10 +21,9 @@ from typing import Any
 from torch import nn
 
 from lnblocks._optional import require
-from lnblocks.config import check_bool, check_choice
-from lnblocks.hf.patch import _patch, unpatch_norms
+from lnblocks.config import check_bool
+from lnblocks.hf.patch import PatchOptions, plan_patch, unpatch_norms
 from lnblocks.hf.report import PatchReport
-from lnblocks.norms.spec import BACKENDS
 
 log = logging.getLogger("lnblocks.hf")
 
@@ -46,15 +45,15 @@ def from_pretrained(
     ``patch_norms``'s; the patch report is logged (``logging.getLogger("lnblocks.hf")``, INFO) and returned again by
     ``patch_norms(model, <same options>)``.
     """
-    check_choice("backend", backend, BACKENDS)
-    check_bool("fuse_residual", fuse_residual)
+    options = PatchOptions(backend, include, exclude, fuse_residual, on_empty="raise")
     if model_class is None:
         model_class = require("transformers").AutoModelForCausalLM
     if not callable(getattr(model_class, "from_pretrained", None)):
         raise TypeError(f"model_class must be a transformers model class, got {model_class!r}")
     model = model_class.from_pretrained(name_or_path, *model_args, **kwargs)
-    report, _ = _patch(model, backend, include, exclude, fuse_residual=fuse_residual, on_empty="raise")
-    log.info("%s", report)
+    plan = plan_patch(model, options)
+    plan.apply()
+    log.info("%s", plan.report)
     return model
 
 
@@ -69,19 +68,17 @@ class _Options:
         exclude: str | Iterable[str] | None = None,
         unpatch_at_end: bool = False,
     ) -> None:
-        check_choice("backend", backend, BACKENDS)
-        check_bool("fuse_residual", fuse_residual)
+        self.options = PatchOptions(backend, include, exclude, fuse_residual, on_empty="raise")
         check_bool("unpatch_at_end", unpatch_at_end)
-        self.backend, self.fuse_residual = backend, fuse_residual
-        self.include, self.exclude, self.unpatch_at_end = include, exclude, unpatch_at_end
+        self.unpatch_at_end = unpatch_at_end
         self.report: PatchReport | None = None
 
     def _apply(self, model: nn.Module | None) -> None:
         if model is None:
             return
-        self.report, _ = _patch(
-            model, self.backend, self.include, self.exclude, fuse_residual=self.fuse_residual, on_empty="raise"
-        )
+        plan = plan_patch(model, self.options)
+        plan.apply()
+        self.report = plan.report
 
 
 @functools.cache

@@ -14,14 +14,11 @@ from __future__ import annotations
 import re
 
 from torch import nn
+from torch.nn.modules import module as _torch_module
 
-NORM_KEY = "_lnblocks_norm"  # instance attribute holding the lnblocks norm of a patched module
+from lnblocks.hf.record import RECORD_KEY
+
 _PEFT_SUFFIX = re.compile(r"\.(?:original_module|modules_to_save\.[^.]+)$")
-
-
-def is_patched(module: nn.Module) -> bool:
-    """True if ``module``'s forward currently runs an lnblocks norm."""
-    return NORM_KEY in module.__dict__
 
 
 def hooked_by_accelerate(module: nn.Module) -> bool:
@@ -41,8 +38,28 @@ def wrapped_copies(module: nn.Module) -> list[nn.Module]:
 
 
 def takes_residual(module: nn.Module) -> bool:
-    """True if calling ``module(x, residual=r)`` runs an lnblocks norm, whichever copy a PEFT wrapper picks."""
-    return all(is_patched(m) for m in wrapped_copies(module))
+    """True if calling ``module(x, residual=r)`` runs an lnblocks norm, whichever copy a PEFT wrapper picks, and no
+    hook would see the call.
+
+    Hooks see a call's arguments and result, so a fused call ``norm(x, residual=r)`` would show them ``x`` instead of
+    the norm's input ``x + r``: any forward or backward hook on the module (or a copy a PEFT wrapper runs), or a global
+    one (``torch.nn.modules.module.register_module_forward_pre_hook`` and its kin), makes this False. Runs at every
+    fused call, so it reads the hook dicts directly.
+    """
+    g = _torch_module
+    if g._global_forward_pre_hooks or g._global_forward_hooks or g._global_backward_pre_hooks:
+        return False
+    if g._global_backward_hooks or _hooked(module):
+        return False
+    if not is_modules_to_save_wrapper(module):
+        return RECORD_KEY in module.__dict__
+    return all(RECORD_KEY in m.__dict__ and not _hooked(m) for m in wrapped_copies(module))
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(
+        module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks
+    )
 
 
 def role_name(name: str) -> str:

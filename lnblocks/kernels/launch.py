@@ -22,9 +22,10 @@ from lnblocks.kernels.jit import keep_mask_kernel, norm_bwd_kernel, norm_fwd_ker
 from lnblocks.kernels.plan import NormPlan, interpreter_enabled
 
 # ---- launch shapes -------------------------------------------------------------------------------------------------
-# Tile sizes, chosen with benchmarks/kernel_resources.py (every configuration compiled for sm_80 and sm_90; the table
-# is in benchmarks/README.md). A thread holds about ELEMENTS_PER_THREAD elements of each live array of a tile; at 32
-# warps ptxas caps a thread at 64 registers, which a whole row of 16384 (16 elements per thread and array) overflows:
+# Tile sizes, chosen with benchmarks/kernels/kernel_resources.py (every configuration compiled for sm_80 and sm_90;
+# the table is in benchmarks/kernels/README.md). A thread holds about ELEMENTS_PER_THREAD elements of each live array
+# of a tile; at 32 warps ptxas caps a thread at 64 registers, which a whole row of 16384 (16 elements per thread and
+# array) overflows:
 # 88-784 bytes of spills, the worst in the backward with dropout, whose Philox rounds need registers of their own.
 # So rows wider than MAX_FWD_BLOCK / MAX_BWD_BLOCK (MAX_BWD_BLOCK_DROPOUT with dropout) loop over LOOP_BLOCK chunks.
 # The backward of a gated norm, of DyT/Derf and the memory-efficient one keep more arrays live (the gate and its
@@ -191,7 +192,8 @@ def fwd_kernel_args(
     seed: Tensor | None, y: Tensor, res: Tensor | None, mean: Tensor | None, rstd: Tensor | None, *,
     gate: Tensor | None = None, alpha: Tensor | None = None, shift: Tensor | None = None,
 ) -> tuple[tuple[int, int], dict[str, Any]]:
-    """Grid and keyword arguments of ``norm_fwd_kernel`` (compiled ahead of time by benchmarks/kernel_resources.py)."""
+    """Grid and keyword arguments of ``norm_fwd_kernel`` (compiled ahead of time by
+    benchmarks/kernels/kernel_resources.py)."""
     m, n = x.shape
     groups, size = groups_of(plan, n)
     cfg = fwd_config(size, plan.max_block_n)
@@ -275,7 +277,7 @@ def bwd_kernel_args(
     alpha: Tensor | None = None, shift: Tensor | None = None, dalpha_part: Tensor | None = None,
     dshift_part: Tensor | None = None, from_output: bool = False, has_db: bool | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``norm_bwd_kernel`` (compiled ahead of time by benchmarks/kernel_resources.py)."""
+    """Keyword arguments of ``norm_bwd_kernel`` (compiled ahead of time by benchmarks/kernels/kernel_resources.py)."""
     m, n = z.shape
     groups, size = groups_of(plan, n)
     p = plan.dropout_p

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from lnblocks.blocks import PLACEMENTS, BlockConfig
+from lnblocks.blocks.config import AddedFields
 from lnblocks.config import (
     Config,
     ConfigTypeError,
@@ -38,7 +39,7 @@ def _as_block(value: Any, key: str) -> BlockConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GPTConfig(Config):
+class GPTConfig(AddedFields, Config):
     """A GPT: token embedding, positions, ``n_layers`` blocks, final norm by placement rule, LM head.
 
     ``block``: one ``BlockConfig`` for every layer, a sequence of ``n_layers`` of them, or a function of the 0-based
@@ -53,7 +54,12 @@ class GPTConfig(Config):
     arXiv 1810.04805) and BLOOM's ``word_embeddings_layernorm`` (arXiv 2211.05100).
     ``qkv_init`` (Xavier schemes): ``"per_matrix"`` Xavier for W_Q, W_K, W_V each (fan ``d + d``), or
     ``"stacked"`` Xavier over the stacked ``(3d, d)`` in-projection, as ``torch.nn.MultiheadAttention`` does.
+    ``emb_scale``: None, or a factor on the token embeddings (Gemma's ``sqrt(hidden_size)``, in the model dtype).
+    ``final_softcap``: None, or ``c`` for Gemma 2's final-logit soft-capping ``c * tanh(logits / c)`` (arXiv
+    2408.00118), honoured by the chunked head too.
     """
+
+    ADDED: ClassVar[tuple[str, ...]] = ("emb_scale", "final_softcap")
 
     vocab_size: int = 256
     max_seq_len: int = 256
@@ -69,6 +75,8 @@ class GPTConfig(Config):
     emb_dropout: float = 0.0
     emb_norm: NormSpec | str | dict | None = None
     qkv_init: QKVInit = "per_matrix"
+    emb_scale: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_seq_len", "n_layers"):
@@ -81,9 +89,9 @@ class GPTConfig(Config):
         check_bool("tie_weights", self.tie_weights)
         check_bool("final_norm", self.final_norm, allow_none=True)
         self._set("emb_dropout", check_prob("emb_dropout", self.emb_dropout))
-        for name in ("rope_theta", "init_std", "emb_init_std"):
-            value = check_float(name, getattr(self, name), lo=0, lo_open=True, allow_none=name == "emb_init_std")
-            self._set(name, value)
+        for name in ("rope_theta", "init_std", "emb_init_std", "emb_scale", "final_softcap"):
+            optional = name not in ("rope_theta", "init_std")
+            self._set(name, check_float(name, getattr(self, name), lo=0, lo_open=True, allow_none=optional))
         if self.emb_norm is not None:
             self._set("emb_norm", NormSpec.from_dict(self.emb_norm, key="emb_norm"))
         layers = self._resolve_layers()
@@ -128,12 +136,44 @@ class GPTConfig(Config):
             raise ConfigValueError(
                 "final_norm", "must not be False with placement 'resi_dual' (it outputs x_N + norm(y_N))"
             )
+        self._check_streams(layers)
         if "deepnorm" in placements and self.init != "deepnet":
             raise ConfigValueError(
                 "init",
                 "must be 'deepnet' with placement 'deepnorm' (DeepNet's residual scale alpha comes with its init "
                 f"gain beta, Wang et al. 2022): set init='deepnet', got init={self.init!r}",
             )
+
+    def _check_streams(self, layers: tuple[BlockConfig, ...]) -> None:
+        """SiameseNorm, nGPT and hyper-connections carry their streams through every layer: all or none."""
+        for name in ("siamese", "ngpt"):
+            uses = [b.placement == name for b in layers]
+            if any(uses) and not all(uses):
+                others = sorted({b.placement for b in layers} - {name})
+                raise ConfigValueError(
+                    "block", f"placement {name!r} carries its streams through every layer; cannot mix with {others}"
+                )
+        streams = sorted({b.hyper_connections.n_streams if b.hyper_connections else 0 for b in layers})
+        if len(streams) > 1:
+            raise ConfigValueError(
+                "block", f"hyper_connections must give all layers one n_streams (or none), got {streams} (0: none)"
+            )
+        if layers[-1].placement == "siamese" and self.final_norm is False:
+            raise ConfigValueError("final_norm", "must not be False with placement 'siamese' (its output norm)")
+        if layers[-1].placement == "ngpt":
+            clashes = {
+                "positions": self.positions == "learned",
+                "final_norm": self.final_norm is True,
+                "emb_norm": self.emb_norm is not None,
+                "emb_scale": self.emb_scale is not None,
+            }
+            bad = [k for k, v in clashes.items() if v]
+            if bad:
+                raise ConfigValueError(
+                    bad[0],
+                    f"does not go with placement 'ngpt' (unit-norm embeddings, RoPE or no positions, no final "
+                    f"norm): set {bad} to 'rope' / their defaults",
+                )
 
     @property
     def layers(self) -> tuple[BlockConfig, ...]:
@@ -147,7 +187,14 @@ class GPTConfig(Config):
     @property
     def uses_final_norm(self) -> bool:
         """Whether the model applies a final norm: ``final_norm`` or the last block's placement rule."""
-        return self.final_norm if self.final_norm is not None else PLACEMENTS[self.layers[-1].placement].final_norm
+        last = self.layers[-1].mlp_placement_name  # the last sublayer's placement rule
+        return self.final_norm if self.final_norm is not None else PLACEMENTS[last].final_norm
+
+    @property
+    def n_streams(self) -> int | None:
+        """Residual streams of hyper-connections (the same in every layer), or None."""
+        hc = self.layers[0].hyper_connections
+        return hc.n_streams if hc is not None else None
 
 
 def mix_ln(block: BlockConfig, n_layers: int, post_fraction: float = 0.25) -> tuple[BlockConfig, ...]:
@@ -159,3 +206,33 @@ def mix_ln(block: BlockConfig, n_layers: int, post_fraction: float = 0.25) -> tu
     post_fraction = check_float("post_fraction", post_fraction, lo=0, hi=1)
     n_post = math.floor(post_fraction * n_layers)
     return tuple(block.replace(placement="post" if i < n_post else "pre") for i in range(n_layers))
+
+
+def hybridnorm(block: BlockConfig, n_layers: int, star: bool = False) -> tuple[BlockConfig, ...]:
+    """HybridNorm (Zhuo et al. 2025, arXiv 2503.04598): QKV-norm in attention and Post-Norm on the FFN, per block
+    ``Y = X + MHA(QKV-Norm(X))``, ``X' = FFN(Norm(Y)) + Norm(Y)``: attention with no input norm and a per-head norm
+    of q, k and v (the block's ``qk_norm``, or its ``norm`` when None; v gets the same), the MLP sublayer in
+    placement ``"normed_residual"``; a final norm follows (the authors' OLMo code: ``attn_norm=False``,
+    ``ffn_norm=True``, ``ffn_residual_after_norm=True``, ``use_{query,key,value}_norm=True``).
+    ``star=True`` is HybridNorm*: the first block Pre-Norm in both sublayers, its QKV-norm kept (the authors'
+    ``norm_pos_special_config={0: {attn_norm: True, ffn_residual: False}}``). Pass the result as ``GPTConfig.block``.
+    """
+    n_layers = check_int("n_layers", n_layers)
+    check_bool("star", star)
+    qkv = block.qk_norm if block.qk_norm is not None else block.norm
+    hybrid = block.replace(placement="none", mlp_placement="normed_residual", qk_norm=qkv, v_norm=qkv)
+    first = hybrid.replace(placement="pre", mlp_placement=None) if star else hybrid
+    return (first, *(hybrid,) * (n_layers - 1))
+
+
+def ngpt_block(**options: Any) -> BlockConfig:
+    """nGPT's block (Loshchilov et al. 2024, arXiv 2410.01131): placement ``"ngpt"``, no biases, a SwiGLU MLP;
+    ``options`` are any other ``BlockConfig`` fields (``attention`` / ``mlp`` keys merge into those defaults). Use
+    it with ``positions="rope"`` (or ``"none"``) and call ``GPT.normalize_weights_()`` after every optimizer step."""
+
+    def plain(value: Any) -> dict:
+        return value.to_dict() if hasattr(value, "to_dict") else dict(value)
+
+    attention = {"qkv_bias": False, "out_bias": False, **plain(options.pop("attention", {}))}
+    mlp = {"activation": "swiglu", "bias": False, **plain(options.pop("mlp", {}))}
+    return BlockConfig.from_dict({**options, "placement": "ngpt", "attention": attention, "mlp": mlp})

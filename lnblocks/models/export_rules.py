@@ -9,7 +9,7 @@ does.
 
 from __future__ import annotations
 
-from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
+from lnblocks.blocks import AttentionConfig, BlockConfig, HyperConnectionsConfig, MLPConfig
 from lnblocks.models.config import GPTConfig
 from lnblocks.norms.spec import (
     DerfSpec,
@@ -38,6 +38,7 @@ def _compared(*names: str) -> dict[str, str]:
 EXPORT_RULES: dict[type, dict[str, str]] = {
     GPTConfig: {
         **_compared("vocab_size", "max_seq_len", "n_layers", "positions", "tie_weights", "emb_dropout", "emb_norm"),
+        **_compared("emb_scale", "final_softcap"),
         "block": "compared layer by layer, by the BlockConfig, AttentionConfig, MLPConfig and norm rules",
         "rope_theta": "compared with positions='rope' (unused otherwise)",
         "final_norm": "compared as the final norm it gives (None follows the last placement's rule)",
@@ -56,9 +57,13 @@ EXPORT_RULES: dict[type, dict[str, str]] = {
         "rezero",
         "dropout",
         "mlp_norm",
+        "v_norm",
+        "mlp_placement",
+        "hyper_connections",
     ),
     AttentionConfig: {
         **_compared("n_heads", "n_kv_heads", "head_dim", "causal", "dropout", "sliding_window", "scale"),
+        **_compared("softcap", "output_gate"),
         **dict.fromkeys(("qkv_bias", "out_bias"), ZERO_BIAS),
         "backend": BACKEND,
     },
@@ -66,6 +71,7 @@ EXPORT_RULES: dict[type, dict[str, str]] = {
         **_compared("activation", "hidden_dim"),
         "bias": ZERO_BIAS,
     },
+    HyperConnectionsConfig: _compared("n_streams", "kind", "sinkhorn_iters", "eps"),
     NormSpec: {"residual_in_fp32": FP32_SAME, "backend": BACKEND},
     LayerNormSpec: {
         **_compared("eps", "elementwise_affine", "bias", "zero_centered", "cast", "group_size", "per_head"),
@@ -84,7 +90,7 @@ EXPORT_RULES: dict[type, dict[str, str]] = {
     NoNormSpec: {},
 }
 
-_NORM_FIELDS = ("norm", "qk_norm", "mlp_norm", "emb_norm")
+_NORM_FIELDS = ("norm", "qk_norm", "mlp_norm", "emb_norm", "v_norm")
 
 
 def rule(owner: type, name: str) -> str:
@@ -104,6 +110,8 @@ def block_key_rule(key: str) -> str:
         return rule(AttentionConfig, leaf)
     if head == "mlp":
         return rule(MLPConfig, leaf)
+    if head == "hyper_connections":
+        return rule(HyperConnectionsConfig, leaf)
     if head in _NORM_FIELDS:  # a field means the same in every norm kind that has it
         for cls in (NormSpec, LayerNormSpec, RMSNormSpec, DyTSpec, ScaleNormSpec, GatedRMSNormSpec, L2NormSpec,
                     DerfSpec):  # fmt: skip

@@ -256,3 +256,21 @@ def config_diff(expected: GPTConfig, actual: GPTConfig, family: str, half: bool 
                 continue
             problems.append(f"layer {i} {key}={va!r} ({family} needs {ve!r})")
     return problems
+
+
+def warn_fp32_only(expected: GPTConfig, actual: GPTConfig, family: str, half: bool) -> None:
+    """A ``UserWarning`` naming what ``family`` cannot express but an export of fp32 weights reproduces exactly (the
+    ``FP32_SAME`` and ``CAST`` rules): the HF config cannot carry it, so cast to fp16/bf16 the HF model would round
+    where the lnblocks one does not. Said, never dropped without a word; nothing for half-precision weights (there
+    ``config_diff`` refuses it)."""
+    import warnings
+
+    fp32_only = [] if half else config_diff(expected, actual, family, half=True)
+    if fp32_only:
+        warnings.warn(
+            f"to_hf({family!r}): the export is exact for these fp32 weights, but {family} cannot express "
+            + "; ".join(fp32_only)
+            + ": cast to fp16/bf16, the HF model rounds where this one does not",
+            UserWarning,
+            stacklevel=4,
+        )

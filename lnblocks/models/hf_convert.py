@@ -1,5 +1,6 @@
 """Weight conversion between ``GPT`` and ``transformers`` (``GPT2LMHeadModel``, ``LlamaForCausalLM`` and the
-Llama-shaped ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``). transformers is imported lazily.
+Llama-shaped ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``; ``Gemma2ForCausalLM`` through
+``lnblocks.models.hf_gemma2``). transformers is imported lazily.
 
 The weight map is one table per family of ``(lnblocks key, HF keys, transpose)``: several HF keys are concatenated
 along rows (q/k/v into ``qkv``, gate/up into ``fc1``); GPT-2's ``Conv1D`` stores weights transposed.
@@ -7,17 +8,16 @@ along rows (q/k/v into ``qkv``, gate/up into ``fc1``); GPT-2's ``Conv1D`` stores
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lnblocks._optional import require
-from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config
+from lnblocks.models.hf_configs import FAMILIES, config_diff, config_from_hf, family_of, hf_config, warn_fp32_only
 from lnblocks.norms import MODEL_FAMILIES
 
-if TYPE_CHECKING:
-    from lnblocks.models.gpt import GPT
+M = TypeVar("M", bound=nn.Module)  # the GPT class: GPT.from_hf passes itself, so this module need not import it
 
 Entry = tuple[str, tuple[str, ...], bool]  # (lnblocks key, HF keys concatenated on dim 0, transposed)
 
@@ -73,17 +73,20 @@ def _check_lm(model: Any) -> Any:
     return config
 
 
-def from_hf(model: Any) -> GPT:
-    """The lnblocks ``GPT`` computing what ``model`` computes, with its weights (same dtype, same train/eval mode)."""
+def from_hf(model: Any, gpt_class: type[M]) -> M:
+    """The lnblocks ``GPT`` (``gpt_class``) computing what ``model`` computes, with its weights (same dtype, same
+    train/eval mode)."""
     require("transformers")
-    from lnblocks.models.gpt import GPT
+    from lnblocks.models import hf_gemma2
 
     config = _check_lm(model)
+    if hf_gemma2.is_gemma2(config):  # Gemma 2: its own config translation and weight table
+        return hf_gemma2.from_hf(model, gpt_class)
     family = family_of(config)
     gpt_cfg = config_from_hf(config)
     hf_sd = model.state_dict()
     param = next(model.parameters())
-    gpt = GPT(gpt_cfg).to(device=param.device, dtype=param.dtype)
+    gpt = gpt_class(gpt_cfg).to(device=param.device, dtype=param.dtype)
     target = gpt.state_dict()
     sd: dict[str, Tensor] = {}
     for lb, hf_keys, transpose in _table(family, gpt_cfg.n_layers):
@@ -102,20 +105,28 @@ def from_hf(model: Any) -> GPT:
     return gpt
 
 
-def to_hf(gpt: GPT, family: str | None = None) -> Any:
-    """The ``transformers`` model of ``family`` computing what ``gpt`` computes (weights copied; a bias the HF family
-    has and ``gpt`` lacks is exported as zeros). Options the family cannot express raise ``ValueError`` naming each."""
+def to_hf(gpt: nn.Module, family: str | None = None) -> Any:
+    """The ``transformers`` model of ``family`` computing what ``gpt`` (a ``GPT``) computes (weights copied; a bias the
+    HF family has and ``gpt`` lacks is exported as zeros). Options the family cannot express raise ``ValueError``
+    naming each."""
     transformers = require("transformers")
+    from lnblocks.models import hf_gemma2
+
+    gpt._check_unsharded("to_hf()")
     cfg = gpt.config
     if family is None:
         family = "gpt2" if cfg.positions == "learned" else "llama"
+    if family == hf_gemma2.FAMILY:
+        return hf_gemma2.to_hf(gpt)
     if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choices: {list(FAMILIES)}")
+        raise ValueError(f"unknown family {family!r}; choices: {[*FAMILIES, hf_gemma2.FAMILY]}")
     hf_cfg = hf_config(transformers, cfg, family)
     half = next(gpt.parameters()).dtype in (torch.float16, torch.bfloat16)
-    problems = config_diff(config_from_hf(hf_cfg), cfg, family, half=half)
+    expected = config_from_hf(hf_cfg)
+    problems = config_diff(expected, cfg, family, half=half)
     if problems:
         raise ValueError(f"cannot export to {family}: " + "; ".join(problems))
+    warn_fp32_only(expected, cfg, family, half)
     model_cls = getattr(transformers, MODEL_FAMILIES[family].hf_lm_class)
     param = next(gpt.parameters())
     model = model_cls(hf_cfg).to(device=param.device, dtype=param.dtype)

@@ -17,7 +17,6 @@ Norm weights are reset by their own ``reset_parameters`` (ones, or zeros when ze
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,13 +24,12 @@ from torch import nn
 from lnblocks.blocks import deepnorm_beta
 from lnblocks.models.config import INIT_SCHEMES
 
-if TYPE_CHECKING:
-    from lnblocks.models.gpt import GPT
-
 
 @torch.no_grad()
-def init_weights(model: GPT, scheme: str | None = None) -> None:
-    """Re-initialise every parameter of ``model`` with ``scheme`` (default: ``model.config.init``)."""
+def init_weights(model: nn.Module, scheme: str | None = None) -> None:
+    """Re-initialise every parameter of ``model``, a ``GPT``, with ``scheme`` (default: ``model.config.init``).
+
+    Typed as a module: ``GPT.__init__`` calls it, so naming the class here would tie the two modules in a circle."""
     cfg = model.config
     scheme = cfg.init if scheme is None else scheme
     if scheme not in INIT_SCHEMES:
@@ -78,3 +76,6 @@ def init_weights(model: GPT, scheme: str | None = None) -> None:
             nn.init.normal_(model.lm_head.weight, 0.0, std)
         else:
             nn.init.xavier_normal_(model.lm_head.weight)
+    from lnblocks.models.init_options import init_options
+
+    init_options(model, scheme)  # the parameters of the attention gate, mHC and nGPT (none in other models)

@@ -45,7 +45,7 @@ from lnblocks.norms.spec import (
 
 _HALF = (torch.float16, torch.bfloat16)
 # compute_dtype of the float dtypes, precomputed: these functions run on every norm call, and a dict lookup costs a
-# fraction of ``torch.promote_types`` (per-call overhead, benchmarks/bench_norm_overhead.py).
+# fraction of ``torch.promote_types`` (per-call overhead, benchmarks/norms/bench_norm_overhead.py).
 _COMPUTE_DTYPES = {d: torch.promote_types(d, torch.float32) for d in FLOAT_DTYPES}
 
 

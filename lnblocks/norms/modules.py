@@ -31,8 +31,8 @@ from lnblocks.norms.spec import (
 
 # Single-threaded CPU inference of half-precision inputs to norms written as several eager ops (RMSNorm, DyT,
 # ScaleNorm) runs over blocks of rows of about this many fp32 bytes, so the fp32 intermediates stay in cache instead of
-# being fresh multi-MB allocations. Each row sees the same ops, so outputs are bit-identical. benchmarks/README.md has
-# the numbers: 1.1-1.7x faster than torch.nn.RMSNorm in bf16 on one thread, slower in fp32 (no upcast copy to save),
+# being fresh multi-MB allocations. Each row sees the same ops, so outputs are bit-identical. benchmarks/norms/README.md
+# has the numbers: 1.1-1.7x faster than torch.nn.RMSNorm in bf16 on one thread, slower in fp32 (no upcast copy to save),
 # and with 2+ threads the many small ops stall on OpenMP synchronisation, so it is used only where it wins. Not used
 # when grads are recorded either: blocking would reorder the weight-grad sum.
 CPU_BLOCK_BYTES = 1 << 20
@@ -71,6 +71,18 @@ class Norm(nn.Module):
         options = {k: v for k, v in spec.to_dict().items() if k != "kind"}
         return cls(normalized_shape, **options, **factory)
 
+    def share_parameters(self, module: nn.Module) -> None:
+        """Read ``module``'s Parameters from now on: its own parameter dict, shared, not copied.
+
+        ``lnblocks.hf`` runs a patched HF module's math through this norm; sharing the dict keeps it on the live
+        Parameters after ``.to()``, ``.half()``, ``to_empty`` or ``load_state_dict(assign=True)`` replace them. A
+        tensor the norm reads and ``module`` lacks reads as None (Cohere's LayerNorm has no ``bias`` at all).
+        """
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        object.__setattr__(self, "_parameters", module._parameters)
+        self._routes.clear()
+
     def _register_vector(self, name: str, enabled: bool, factory: dict[str, Any]) -> None:
         # Registered as None when disabled, as torch.nn.LayerNorm does, so state_dict keys match torch's.
         param = nn.Parameter(torch.empty(self.normalized_shape, **factory)) if enabled else None
@@ -101,7 +113,7 @@ class Norm(nn.Module):
         return routing.backend_for(self, x, residual)
 
     # ``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the function itself, not a wrapper (one call
-    # less per forward; benchmarks/bench_norm_overhead.py)
+    # less per forward; benchmarks/norms/bench_norm_overhead.py)
     forward = routing.dispatch
 
     def norm_then_add(self, x: Tensor, residual: Tensor, *, return_normed: bool = False) -> Tensor | tuple:

@@ -4,7 +4,7 @@
 dtype) runs ``plan_route``: every check (x, residual, and every tensor the math reads: shape, dtype, device, DTensor
 placements), the backend choice, the resolved eps (RMSNorm's ``eps=None``) or the kernels' ``NormPlan``. The
 resulting ``Route`` is cached in the module (``RouteCache``), and later calls repeat only what a cached route cannot
-vouch for, at a cost of well under a microsecond (benchmarks/bench_norm_overhead.py):
+vouch for, at a cost of well under a microsecond (benchmarks/norms/bench_norm_overhead.py):
 
 - x's last dim and the residual's shape;
 - that every tensor the math reads is the object the route was checked with (a replaced parameter,
@@ -20,16 +20,15 @@ Nothing is cached for a parametrized weight (a new tensor every call), a DTensor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 from torch.compiler import is_compiling, is_dynamo_compiling
 
 from lnblocks.norms import functional as LF
-
-if TYPE_CHECKING:
-    from lnblocks.norms.modules import Norm
+from lnblocks.norms.spec import NormSpec
 
 TORCH, TRITON = "torch", "triton"
 _MISSING = object()
@@ -69,6 +68,30 @@ class Route:
             setattr(self, name, fields.get(name))
 
 
+class RoutedNorm(Protocol):
+    """What a call's routing reads of a norm module: ``lnblocks.norms.modules.Norm`` and its subclasses (which
+    import this module, so it names their interface instead of importing them)."""
+
+    spec: NormSpec
+    normalized_shape: tuple[int, ...] | None
+    _routes: RouteCache
+    _parameters: dict[str, Any]
+    _buffers: dict[str, Any]
+    _vectors: tuple[str, ...]  # tensors of shape normalized_shape the math reads
+    _scalars: tuple[str, ...]  # one-element tensors the math reads
+    _fused_kernel: bool
+    _row_blocks_on_cpu: bool
+    _last_dim: int | None
+    _row_numel: int
+    _group_size: int | None  # statistics per group of this many elements (None: the whole row)
+
+    def output_dtype(self, input_dtype: torch.dtype) -> torch.dtype: ...
+
+    def _math(self, route: Route) -> tuple[Callable[..., Tensor], tuple]: ...
+
+    def _rows(self, x: Tensor, fn: Callable[..., Tensor], args: tuple) -> Tensor: ...
+
+
 class RouteCache:
     """A module's routes, keyed by x's dtype (or ``(x.dtype, residual.dtype)``) per device kind (``cpu``: not CUDA,
     ``cuda``), and the backend of the latest eager call. Copies and pickles of a module start empty (the routes hold
@@ -92,7 +115,7 @@ class RouteCache:
         return RouteCache, ()
 
 
-def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+def dispatch(norm: RoutedNorm, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """``norm(x)`` -> ``y``; ``norm(x, residual=r)`` -> ``(y, x + r)``: the cached route, else the full checks."""
     cache = norm._routes
     if not is_dynamo_compiling():  # (a plain `return False` in eager: the cheapest test)
@@ -130,7 +153,7 @@ def dispatch(norm: Norm, x: Tensor, residual: Tensor | None = None) -> Tensor | 
     return route.fn(x, *route.args) if residual is None else _add_and_normalize(x, residual, route)
 
 
-def route_for(norm: Norm, x: Tensor) -> Route:
+def route_for(norm: RoutedNorm, x: Tensor) -> Route:
     """The route of ``norm(x)`` for the call forms ``dispatch`` does not serve (the gated norm's ``norm(x, gate)``,
     ``Norm.norm_then_add``): the cached one when it is still valid (the test ``dispatch`` inlines), else planned
     with the full checks."""
@@ -167,24 +190,27 @@ def _add_and_normalize(x: Tensor, residual: Tensor, route: Route) -> tuple[Tenso
     return y, new_residual
 
 
-def _same_others(norm: Norm, others: tuple[tuple[str, Tensor], ...]) -> bool:
+def _same_others(norm: RoutedNorm, others: tuple[tuple[str, Tensor], ...]) -> bool:
     return all(norm._parameters.get(name, norm._buffers.get(name, _MISSING)) is t for name, t in others)
 
 
-def _read(norm: Norm, name: str) -> tuple[Any, bool]:
-    """The tensor ``norm.<name>`` and whether it is registered (a parametrization computes a new one per call)."""
-    registered = name in norm._parameters or name in norm._buffers
-    return getattr(norm, name), registered
+def _read(norm: RoutedNorm, name: str) -> tuple[Any, bool]:
+    """The tensor ``norm.<name>`` and whether a cached route may keep it (a parametrization computes a new one per
+    call); None where a shared parameter dict lacks the name (``Norm.share_parameters``)."""
+    if name in norm._parameters or name in norm._buffers:
+        return getattr(norm, name), True
+    value = getattr(norm, name, None)
+    return value, value is None
 
 
-def backend_for(norm: Norm, x: Tensor, residual: Tensor | None = None) -> str:
+def backend_for(norm: RoutedNorm, x: Tensor, residual: Tensor | None = None) -> str:
     """The backend a call on ``x`` (and ``residual``) runs; raises if ``"triton"`` was asked for and cannot run."""
     spec = norm.spec
     if not norm._fused_kernel or spec.backend == TORCH or (spec.backend == "auto" and not x.is_cuda):
         return TORCH
     from lnblocks.kernels import unavailable_reason  # lazy: keeps triton out of `import lnblocks`
 
-    tensors = [(name, getattr(norm, name)) for name in (*norm._vectors, *norm._scalars)]
+    tensors = [(name, getattr(norm, name, None)) for name in (*norm._vectors, *norm._scalars)]
     reason = unavailable_reason(spec, x, residual=residual, parameters=tensors, row_numel=norm._row_numel)
     if spec.backend == TRITON:
         if reason is not None:
@@ -193,7 +219,7 @@ def backend_for(norm: Norm, x: Tensor, residual: Tensor | None = None) -> str:
     return TRITON if reason is None else TORCH
 
 
-def plan_route(norm: Norm, x: Tensor, residual: Tensor | None) -> Route:
+def plan_route(norm: RoutedNorm, x: Tensor, residual: Tensor | None) -> Route:
     """Check the call fully and decide how calls like it run; cached in ``norm`` when a later call can reuse it."""
     _check_operands(norm, x, residual)
     spec, shape = norm.spec, norm.normalized_shape
@@ -246,7 +272,7 @@ def plan_route(norm: Norm, x: Tensor, residual: Tensor | None) -> Route:
     return route
 
 
-def _check_operands(norm: Norm, x: Tensor, residual: Tensor | None) -> None:
+def _check_operands(norm: RoutedNorm, x: Tensor, residual: Tensor | None) -> None:
     LF.check_float_tensor("x", x)
     if norm.normalized_shape is not None:
         LF.check_trailing(x, norm.normalized_shape)

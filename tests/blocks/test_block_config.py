@@ -51,6 +51,30 @@ from tests.blocks.block_helpers import randomize_
         ),
         ({"dropout": -0.1}, ValueError, r"^dropout must be a finite number >= 0 and < 1"),
         ({"rezero": 1}, TypeError, "rezero must be a bool"),
+        ({"v_norm": "dyt"}, ValueError, r"^v_norm must be None or one of \['rmsnorm', 'layernorm'\]"),
+        ({"mlp_placement": "prenorm"}, ValueError, r"^mlp_placement must be one of \['pre'"),
+        ({"placement": "parallel", "mlp_placement": "pre"}, ValueError, "^mlp_placement sets a per-sublayer placement"),
+        ({"placement": "pre", "mlp_placement": "siamese"}, ValueError, "^mlp_placement sets a per-sublayer placement"),
+        ({"attention": {"softcap": 0.0}}, ValueError, r"^attention\.softcap must be a finite number > 0"),
+        ({"attention": {"output_gate": "global"}}, ValueError, r"^attention\.output_gate must be one of"),
+        ({"hyper_connections": {"n_streams": 0}}, ValueError, r"^hyper_connections\.n_streams must be >= 1"),
+        ({"hyper_connections": {"kind": "sparse"}}, ValueError, r"^hyper_connections\.kind must be one of"),
+        ({"hyper_connections": {"sinkhorn_iters": 5}}, ValueError, r"^hyper_connections\.sinkhorn_iters .*kind='mhc'"),
+        ({"hyper_connections": 4}, TypeError, "^hyper_connections must be a HyperConnectionsConfig or a mapping"),
+        ({"placement": "post", "hyper_connections": {}}, ValueError, "^placement with hyper_connections must be one"),
+        ({"mlp_placement": "normed_residual", "hyper_connections": {}}, ValueError, "^mlp_placement with hyper_conn"),
+        ({"placement": "siamese", "depth_scaled_norm": True}, ValueError, "^depth_scaled_norm is not available"),
+        ({"placement": "ngpt"}, ValueError, r"^attention\.qkv_bias does not go with placement 'ngpt'"),
+        (
+            {"placement": "ngpt", "attention": {"qkv_bias": False, "out_bias": False}, "mlp": {"bias": False}},
+            ValueError,
+            r"^mlp\.activation does not go with placement 'ngpt'",
+        ),
+        (
+            {"placement": "siamese", "norm": {"kind": "layernorm", "residual_in_fp32": True}},
+            ValueError,
+            r"^norm\.residual_in_fp32 keeps a pre-norm residual stream in fp32: only",
+        ),
     ],
 )
 def test_bad_block_config(options: dict, error: type, match: str) -> None:
@@ -177,3 +201,14 @@ def test_mlp_norm_of_its_own() -> None:
     h = F.gelu(blk.mlp.fc1(x))
     torch.testing.assert_close(blk.mlp(x), blk.mlp.fc2(F.layer_norm(h, (24,), blk.mlp.norm.weight,
                                                                     blk.mlp.norm.bias, 1e-6)))  # fmt: skip
+
+
+def test_added_fields_stay_out_of_the_stored_form_at_their_defaults() -> None:
+    """Configs stored before the options existed (YAML, run records, the study's run ids) keep their form."""
+    cfg = BlockConfig()
+    d = cfg.to_dict()
+    assert not {"v_norm", "mlp_placement", "hyper_connections"} & set(d)
+    assert not {"softcap", "output_gate"} & set(d["attention"])
+    full = BlockConfig(v_norm="rmsnorm", hyper_connections={"n_streams": 2}, attention={"softcap": 5.0})
+    assert full.to_dict()["hyper_connections"] == {"n_streams": 2, "kind": "dynamic", "sinkhorn_iters": 20, "eps": 1e-6}
+    assert BlockConfig.from_dict(full.to_dict()) == full and BlockConfig.from_dict(d) == cfg

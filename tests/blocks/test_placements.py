@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from lnblocks import Block, BlockConfig
-from lnblocks.blocks import PLACEMENTS, Stream
+from lnblocks.blocks import PLACEMENTS, Stream, l2_normalize
 from tests.blocks.block_helpers import randomize_
 
 N_LAYERS = 6
+# nGPT's block (Loshchilov et al. 2024): no biases, a SwiGLU MLP
+NGPT = {"attention": {"qkv_bias": False, "out_bias": False}, "mlp": {"activation": "swiglu", "bias": False}}
 
 
 def pre(b, x):
@@ -57,6 +59,29 @@ def none(b, x):
     return h + b.mlp(h)
 
 
+def normed_residual(b, x):
+    u = b.attn_in_norm(x)
+    h = u + b.attn(u)
+    u = b.mlp_in_norm(h)
+    return u + b.mlp(u)
+
+
+def siamese(b, x):  # y starts at the input; the value is the Post-like stream x
+    y, c = x, (2 * (b.layer_idx + 1)) ** 0.5
+    for post, dual, inn, f in ((b.attn_post_norm, b.attn_dual_norm, b.attn_in_norm, b.attn),
+                               (b.mlp_post_norm, b.mlp_dual_norm, b.mlp_in_norm, b.mlp)):  # fmt: skip
+        x_hat = post(x)
+        z = f(inn(x_hat + dual(y)))
+        x, y = x_hat + z / c, y + z
+    return x
+
+
+def ngpt(b, x):
+    for f, alpha in ((b.attn, b.alpha_attn), (b.mlp, b.alpha_mlp)):
+        x = l2_normalize(x + alpha() * (l2_normalize(f(x)) - x))
+    return x
+
+
 FORMULAS = {
     "pre": ({}, pre),
     "post": ({}, post),
@@ -67,12 +92,17 @@ FORMULAS = {
     "parallel": ({}, parallel),
     "parallel_shared": ({"shared_norm": True}, parallel_shared),
     "none": ({}, none),
+    "normed_residual": ({}, normed_residual),
+    "siamese": ({}, siamese),
+    "ngpt": (NGPT, ngpt),
 }
+OPTIONS = {"ngpt": NGPT}
 
 
 def _block(placement: str, norm: str, layer_idx: int = 2, **options) -> Block:
     torch.manual_seed(0)
-    cfg = BlockConfig(dim=32, placement=placement, norm=norm, attention={"n_heads": 4}, **options)
+    attention = {"n_heads": 4, **options.pop("attention", {})}
+    cfg = BlockConfig(dim=32, placement=placement, norm=norm, attention=attention, **options)
     return randomize_(Block(cfg, layer_idx=layer_idx, n_layers=N_LAYERS)).eval()
 
 
@@ -129,11 +159,13 @@ def test_resi_dual_dual_stream_accumulates_branch_outputs() -> None:
         assert torch.equal(s.dual, x + a + m)
 
 
-@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("placement", [k for k, p in PLACEMENTS.items() if not p.siamese])
 def test_chained_streams_equal_chained_tensors(placement: str) -> None:
-    """Three blocks passing a Stream (adds pending, fused into the next norm) equal three plain calls."""
+    """Three blocks passing a Stream (adds pending, fused into the next norm) equal three plain calls (not
+    SiameseNorm's: its Post-like stream depends on the Pre-like one, which a plain call restarts)."""
     torch.manual_seed(1)
-    blocks = [randomize_(Block(BlockConfig(dim=32, placement=placement), i, 3)).eval() for i in range(3)]
+    cfg = BlockConfig(dim=32, placement=placement, **OPTIONS.get(placement, {}))
+    blocks = [randomize_(Block(cfg, i, 3)).eval() for i in range(3)]
     x = torch.randn(2, 5, 32)
     with torch.no_grad():
         plain, s = x, Stream(x)
@@ -160,8 +192,10 @@ def test_residual_in_fp32_keeps_the_stream_in_fp32() -> None:
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_gradient_reaches_every_block_parameter(placement: str) -> None:
-    options = {"rezero": True} if placement == "none" else {}
-    blk = randomize_(Block(BlockConfig(dim=16, placement=placement, attention={"n_heads": 2}, **options)))
+    options = {"rezero": True} if placement == "none" else OPTIONS.get(placement, {})
+    attention = {"n_heads": 2, **options.get("attention", {})}
+    cfg = BlockConfig(dim=16, placement=placement, **{**options, "attention": attention})
+    blk = randomize_(Block(cfg))
     x = torch.randn(2, 5, 16, requires_grad=True)
     blk(x).square().sum().backward()
     for name, p in blk.named_parameters():
@@ -179,5 +213,35 @@ def test_deepnorm_alpha_override_and_final_norm_rules() -> None:
         "reordered",
         "resi_dual",
         "parallel",
+        "normed_residual",
+        "siamese",
     }
     assert all(p.final_norm_rule and p.formula and p.source for p in PLACEMENTS.values())
+
+
+def test_siamese_block_carries_both_streams() -> None:
+    """SiameseNorm (Li et al. 2026), each sublayer as its authors' code: x^ = norm_x(x), z = f(norm_in(x^ +
+    norm_y(y))), x <- x^ + z / sqrt(2 l), y <- y + z; a Stream carries y (its ``dual``) to the next block."""
+    blk = _block("siamese", "layernorm", layer_idx=3)
+    x, y = torch.randn(2, 7, 32), torch.randn(2, 7, 32)
+    with torch.no_grad():
+        s = blk(Stream(x, None, y))
+        for post, dual, inn, f in ((blk.attn_post_norm, blk.attn_dual_norm, blk.attn_in_norm, blk.attn),
+                                   (blk.mlp_post_norm, blk.mlp_dual_norm, blk.mlp_in_norm, blk.mlp)):  # fmt: skip
+            x_hat = post(x)
+            z = f(inn(x_hat + dual(y)))
+            x, y = x_hat + z / 8**0.5, y + z
+    assert torch.equal(s.value(), x) and torch.equal(s.dual, y)
+
+
+@pytest.mark.parametrize(("attn_p", "mlp_p"), [("post", "pre"), ("pre", "post"), ("none", "normed_residual")])
+def test_per_sublayer_placement_follows_each_sublayers_row(attn_p: str, mlp_p: str) -> None:
+    blk = _block(attn_p, "rmsnorm", mlp_placement=mlp_p)
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        sub = {"pre": lambda f, n_in, n_post, x: x + f(n_in(x)), "post": lambda f, n_in, n_post, x: n_post(x + f(x)),
+               "none": lambda f, n_in, n_post, x: x + f(x),
+               "normed_residual": lambda f, n_in, n_post, x: n_in(x) + f(n_in(x))}  # fmt: skip
+        h = sub[attn_p](blk.attn, blk.attn_in_norm, blk.attn_post_norm, x)
+        expected = sub[mlp_p](blk.mlp, blk.mlp_in_norm, blk.mlp_post_norm, h)
+        assert torch.equal(blk(x), expected) and torch.equal(blk(Stream(x)).value(), expected)

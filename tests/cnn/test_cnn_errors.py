@@ -196,7 +196,7 @@ def test_adaptive_grad_clip_bad_parameters() -> None:
 
 
 def test_convert_sync_batchnorm_rejects_a_non_module() -> None:
-    """Issue 10, item 10: ``convert_sync_batchnorm("m")`` raised AttributeError ('str' has no 'named_children')."""
+    """``convert_sync_batchnorm("m")`` raised AttributeError ('str' has no 'named_children'): now a TypeError."""
     for bad in ("m", None, [nn.BatchNorm2d(2)]):
         with pytest.raises(TypeError, match=r"module must be a torch\.nn\.Module, got"):
             C.convert_sync_batchnorm(bad)

@@ -1,202 +1,120 @@
-"""Tiny HF models of every patched family, built locally from configs with random weights (no downloads)."""
+"""Tiny HF models of every patched family, built locally from configs with random weights (no downloads).
+
+One table: ``SIZES`` gives every dimension once, under each name HF's config classes use for it (a config gets the
+keys it has), and ``FAMILIES`` says per family which classes to build, with which extra config values, and what
+``patch_norms`` patches there. ``tiny_config`` / ``tiny_model`` build any other config or model class the same way.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 VOCAB = 96
+# config keys set wherever the config class has them; the rest keep their defaults
+SIZES: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model"), 32),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff"), 64),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads"), 4),
+    "num_key_value_heads": 2,
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), 64),
+}
 _ATTN = {"attn_implementation": "eager"}  # the same attention math on every run
 
 
-def _decoder(config_cls: str, model_cls: str, **kw: Any) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        import transformers
+def tiny_config(config_cls: str, **options: Any) -> Any:
+    """``transformers.<config_cls>`` with the ``SIZES`` keys it has, then ``options``, and eager attention."""
+    import transformers
 
-        base = dict(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-        )
-        config = getattr(transformers, config_cls)(**{**base, **kw}, **_ATTN)
-        return getattr(transformers, model_cls)(config)
-
-    return build
+    cls = getattr(transformers, config_cls)
+    keys = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
+    return cls(**{k: v for k, v in SIZES.items() if k in keys}, **options, **_ATTN)
 
 
-def _build(config_cls: str, model_cls: str, **kw: Any) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        import transformers
+def tiny_model(config_cls: str, model_cls: str, **options: Any) -> nn.Module:
+    import transformers
 
-        config = getattr(transformers, config_cls)(**kw, **_ATTN)
-        return getattr(transformers, model_cls)(config)
-
-    return build
+    return getattr(transformers, model_cls)(tiny_config(config_cls, **options))
 
 
-_BERT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+@dataclass(frozen=True)
+class Tiny:
+    """A family's tiny model: its config and model classes, extra config values, and what patching it gives (the
+    number of patched norms and how many play each role)."""
 
-# name -> (builder, expected number of patched norms, expected roles -> count)
-FAMILIES: dict[str, tuple[Callable[[], nn.Module], int, dict[str, int]]] = {
-    "llama": (_decoder("LlamaConfig", "LlamaForCausalLM"), 5, {"pre_attn": 2, "pre_mlp": 2, "final": 1}),
-    "mistral": (_decoder("MistralConfig", "MistralForCausalLM"), 5, {"pre_attn": 2, "pre_mlp": 2, "final": 1}),
-    "qwen2": (_decoder("Qwen2Config", "Qwen2ForCausalLM"), 5, {"pre_attn": 2, "pre_mlp": 2, "final": 1}),
-    "qwen3": (
-        _decoder("Qwen3Config", "Qwen3ForCausalLM", head_dim=8),
-        9,
-        {"pre_attn": 2, "pre_mlp": 2, "q_norm": 2, "k_norm": 2, "final": 1},
-    ),
-    "phi3": (_decoder("Phi3Config", "Phi3ForCausalLM", pad_token_id=0), 5, {"pre_attn": 2, "pre_mlp": 2, "final": 1}),
-    "gemma": (_decoder("GemmaConfig", "GemmaForCausalLM", head_dim=8), 5, {"pre_attn": 2, "pre_mlp": 2, "final": 1}),
-    "gemma2": (
-        _decoder("Gemma2Config", "Gemma2ForCausalLM", head_dim=8),
-        9,
-        {"pre_attn": 2, "post_attn": 2, "pre_mlp": 2, "post_mlp": 2, "final": 1},
-    ),
-    "gemma3": (
-        _decoder("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=8),
+    config: str
+    model: str
+    patched: int
+    roles: dict[str, int]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+_PRE_LN = {"pre_attn": 2, "pre_mlp": 2, "final": 1}
+_SANDWICH = {"pre_attn": 2, "post_attn": 2, "pre_mlp": 2, "post_mlp": 2}
+_POST_LN = {"embedding": 1, "post_ln_attn": 2, "post_ln_mlp": 2, "head": 1}
+_OPT = {"word_embed_proj_dim": 32}
+
+FAMILIES: dict[str, Tiny] = {
+    "llama": Tiny("LlamaConfig", "LlamaForCausalLM", 5, _PRE_LN),
+    "mistral": Tiny("MistralConfig", "MistralForCausalLM", 5, _PRE_LN),
+    "qwen2": Tiny("Qwen2Config", "Qwen2ForCausalLM", 5, _PRE_LN),
+    "qwen3": Tiny("Qwen3Config", "Qwen3ForCausalLM", 9, {**_PRE_LN, "q_norm": 2, "k_norm": 2}, {"head_dim": 8}),
+    "phi3": Tiny("Phi3Config", "Phi3ForCausalLM", 5, _PRE_LN, {"pad_token_id": 0}),
+    "gemma": Tiny("GemmaConfig", "GemmaForCausalLM", 5, _PRE_LN, {"head_dim": 8}),
+    "gemma2": Tiny("Gemma2Config", "Gemma2ForCausalLM", 9, {**_SANDWICH, "final": 1}, {"head_dim": 8}),
+    "gemma3": Tiny(
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
         13,
-        {"pre_attn": 2, "post_attn": 2, "pre_mlp": 2, "post_mlp": 2, "q_norm": 2, "k_norm": 2, "final": 1},
+        {**_SANDWICH, "q_norm": 2, "k_norm": 2, "final": 1},
+        {"head_dim": 8},
     ),
-    "olmo2": (
-        _decoder("Olmo2Config", "Olmo2ForCausalLM"),
-        9,
-        {"post_attn": 2, "post_mlp": 2, "q_norm": 2, "k_norm": 2, "final": 1},
+    "olmo2": Tiny(
+        "Olmo2Config", "Olmo2ForCausalLM", 9, {"post_attn": 2, "post_mlp": 2, "q_norm": 2, "k_norm": 2, "final": 1}
     ),
-    "gpt2": (
-        _build("GPT2Config", "GPT2LMHeadModel", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64),
-        5,
-        {"pre_attn": 2, "pre_mlp": 2, "final": 1},
+    "gpt2": Tiny("GPT2Config", "GPT2LMHeadModel", 5, _PRE_LN),
+    "gpt_neox": Tiny("GPTNeoXConfig", "GPTNeoXForCausalLM", 5, _PRE_LN),
+    "bert": Tiny("BertConfig", "BertForMaskedLM", 6, _POST_LN),
+    "roberta": Tiny("RobertaConfig", "RobertaForMaskedLM", 6, _POST_LN, {"pad_token_id": 1}),
+    "opt_pre": Tiny("OPTConfig", "OPTForCausalLM", 5, _PRE_LN, {**_OPT, "do_layer_norm_before": True}),
+    "opt_post": Tiny(
+        "OPTConfig", "OPTForCausalLM", 4, {"post_ln_attn": 2, "post_ln_mlp": 2}, {**_OPT, "do_layer_norm_before": False}
     ),
-    "gpt_neox": (
-        _build(
-            "GPTNeoXConfig",
-            "GPTNeoXForCausalLM",
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        ),
-        5,
-        {"pre_attn": 2, "pre_mlp": 2, "final": 1},
-    ),
-    "bert": (
-        _build("BertConfig", "BertForMaskedLM", **_BERT),
-        6,
-        {"embedding": 1, "post_ln_attn": 2, "post_ln_mlp": 2, "head": 1},
-    ),
-    "roberta": (
-        _build("RobertaConfig", "RobertaForMaskedLM", **_BERT, pad_token_id=1, max_position_embeddings=64),
-        6,
-        {"embedding": 1, "post_ln_attn": 2, "post_ln_mlp": 2, "head": 1},
-    ),
-    "opt_pre": (
-        _build(
-            "OPTConfig",
-            "OPTForCausalLM",
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            ffn_dim=64,
-            word_embed_proj_dim=32,
-            max_position_embeddings=64,
-            do_layer_norm_before=True,
-        ),
-        5,
-        {"pre_attn": 2, "pre_mlp": 2, "final": 1},
-    ),
-    "opt_post": (
-        _build(
-            "OPTConfig",
-            "OPTForCausalLM",
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            ffn_dim=64,
-            word_embed_proj_dim=32,
-            max_position_embeddings=64,
-            do_layer_norm_before=False,
-        ),
-        4,
-        {"post_ln_attn": 2, "post_ln_mlp": 2},
-    ),
-    "t5": (
-        _build(
-            "T5Config",
-            "T5ForConditionalGeneration",
-            vocab_size=VOCAB,
-            d_model=32,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_decoder_layers=2,
-            num_heads=4,
-            decoder_start_token_id=0,
-        ),
+    "t5": Tiny(
+        "T5Config",
+        "T5ForConditionalGeneration",
         12,
         {"pre_attn": 4, "pre_cross_attn": 2, "pre_mlp": 4, "final": 2},
+        {"d_kv": 8, "decoder_start_token_id": 0},
     ),
-    "falcon": (
-        _build(
-            "FalconConfig",
-            "FalconForCausalLM",
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            parallel_attn=True,
-            new_decoder_architecture=False,
-        ),
+    "falcon": Tiny(
+        "FalconConfig",
+        "FalconForCausalLM",
         3,
         {"pre_parallel": 2, "final": 1},
+        {"parallel_attn": True, "new_decoder_architecture": False},
     ),
-    "falcon_sequential": (
-        _build(
-            "FalconConfig",
-            "FalconForCausalLM",
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            parallel_attn=False,
-            new_decoder_architecture=False,
-        ),
-        5,
-        {"pre_attn": 2, "pre_mlp": 2, "final": 1},
+    "falcon_sequential": Tiny(
+        "FalconConfig", "FalconForCausalLM", 5, _PRE_LN, {"parallel_attn": False, "new_decoder_architecture": False}
     ),
-    "falcon_new_arch": (
-        _build(
-            "FalconConfig",
-            "FalconForCausalLM",
-            vocab_size=VOCAB,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_kv_heads=2,
-            new_decoder_architecture=True,
-        ),
-        5,
-        {"pre_attn": 2, "pre_mlp": 2, "final": 1},
+    "falcon_new_arch": Tiny(
+        "FalconConfig", "FalconForCausalLM", 5, _PRE_LN, {"num_kv_heads": 2, "new_decoder_architecture": True}
     ),
 }
 
 
-def build(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
-    """The tiny model of family ``name`` with random weights; norm weights are randomised too (HF inits them to
-    ones/zeros, which would hide a wrong ``1 + w`` or a wrong cast order)."""
+def build(name: str, dtype: torch.dtype = torch.float32, seed: int = 0, **options: Any) -> nn.Module:
+    """The tiny model of family ``name`` (``options``: config values on top of the table's) with random weights;
+    norm weights are randomised too (HF inits them to ones/zeros, which would hide a wrong ``1 + w`` or a wrong cast
+    order)."""
     torch.manual_seed(seed)
-    model = FAMILIES[name][0]()
+    tiny = FAMILIES[name]
+    model = tiny_model(tiny.config, tiny.model, **{**tiny.options, **options})
     with torch.no_grad():
         for mod_name, p in model.named_parameters():
             if "norm" in mod_name.lower() or "ln_" in mod_name:

@@ -16,6 +16,7 @@ from hf_tiny import FAMILIES, build, inputs
 from safetensors.torch import load_file
 
 from lnblocks.hf import patch_norms
+from lnblocks.hf.record import record_of
 
 pytest.importorskip("transformers")
 
@@ -41,7 +42,7 @@ def test_against_hf(family, dtype):
     original = build(family, dtype)
     patched = copy.deepcopy(original)
     report = patch_norms(patched)
-    _, n_norms, roles = FAMILIES[family]
+    n_norms, roles = FAMILIES[family].patched, FAMILIES[family].roles
     assert {role: len(names) for role, names in report.by_role().items()} == roles
     assert len(report.patched) == n_norms and not report.unknown and not report.skipped
     batch = inputs(original)
@@ -112,7 +113,7 @@ def test_qk_norms_per_head_and_over_all_heads():
     qwen3, olmo2 = build("qwen3"), build("olmo2")
     patch_norms(qwen3), patch_norms(olmo2)
     attn = qwen3.model.layers[0].self_attn
-    assert attn.q_norm._lnblocks_norm.normalized_shape == (8,)  # Qwen3: per head, on (B, T, H, D)
+    assert record_of(attn.q_norm).norm.normalized_shape == (8,)  # Qwen3: per head, on (B, T, H, D)
     attn = olmo2.model.layers[0].self_attn
-    assert attn.q_norm._lnblocks_norm.normalized_shape == (4 * 8,)  # OLMo2: over num_heads * head_dim
-    assert attn.k_norm._lnblocks_norm.normalized_shape == (2 * 8,)  # and num_kv_heads * head_dim
+    assert record_of(attn.q_norm).norm.normalized_shape == (4 * 8,)  # OLMo2: over num_heads * head_dim
+    assert record_of(attn.k_norm).norm.normalized_shape == (2 * 8,)  # and num_kv_heads * head_dim

@@ -11,9 +11,9 @@ import pytest
 from hf_tiny import FAMILIES as TINY
 from hf_tiny import build
 
-from lnblocks.hf.classes import math_of_class, recognise
 from lnblocks.hf.families import FAMILIES as ROLE_FAMILIES
 from lnblocks.hf.families import LAYOUTS, role_map_for
+from lnblocks.hf.recognition import math_of_class, recognise
 from lnblocks.models.hf_configs import FAMILIES as CONVERTIBLE
 from lnblocks.models.hf_configs import family_of
 from lnblocks.norms import MODEL_FAMILIES, NORM_PRESETS, norm_spec

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import pickle
+import weakref
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ from hf_tiny import build, inputs
 from torch import nn
 
 from lnblocks.hf import ROLES, is_patched, patch_norms, patched_norms, unpatch_norms
-from lnblocks.hf.patch import _is_ours
+from lnblocks.hf.install import PatchedForward
+from lnblocks.hf.record import record_of
 
 pytest.importorskip("transformers")
 
@@ -34,7 +37,7 @@ def test_unpatch_restores_the_class_forward_and_patching_twice_does_not_wrap_twi
     assert second.entries == first.entries  # the same report, nothing new
     for m in _norms(model):
         assert m.forward is forwards[id(m)]  # not re-wrapped
-        assert m.forward.args == (m,) and m.forward.func.__name__ == "_patched_forward"
+        assert isinstance(m.forward, PatchedForward) and m.forward.module() is m
     assert unpatch_norms(model) == 13
     assert not any("forward" in m.__dict__ or is_patched(m) for m in model.modules())
     assert unpatch_norms(model) == 0
@@ -82,7 +85,7 @@ def test_patched_model_survives_dtype_moves_assign_loads_deepcopy_and_pickle():
     assert torch.equal(_logits(model, batch), _logits(unpatched, batch))
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         norm = clone.model.layers[0].post_attention_layernorm
-        assert is_patched(norm) and norm.forward.args[0] is norm  # bound to the copy, not the original
+        assert is_patched(norm) and norm.forward.module() is norm  # bound to the copy, not the original
         assert torch.equal(_logits(clone, batch), _logits(unpatched, batch))
 
 
@@ -185,19 +188,19 @@ def test_backend_change_needs_unpatch_and_triton_runs_when_a_kernel_can():
     reference = copy.deepcopy(model)
     patch_norms(model, backend="torch")
     norm = model.model.norm
-    assert norm._lnblocks_norm.spec.backend == "torch"
-    spec = norm._lnblocks_norm.spec
+    assert record_of(norm).norm.spec.backend == "torch"
+    spec = record_of(norm).norm.spec
     if unavailable_reason(spec, torch.empty(1, 32)) is not None:
         pytest.skip("no Triton kernel can run here")
     with pytest.raises(ValueError, match=r"already patched with backend='torch' .* backend='triton' is refused"):
         patch_norms(model, backend="triton")
-    assert norm._lnblocks_norm.spec.backend == "torch"  # unchanged
+    assert record_of(norm).norm.spec.backend == "torch"  # unchanged
     unpatch_norms(model)
     patch_norms(model, backend="triton")
-    assert norm._lnblocks_norm.spec.backend == "triton"
+    assert record_of(norm).norm.spec.backend == "triton"
     batch = inputs(model)
     out, ref = _logits(model, batch), _logits(reference, batch)
-    assert norm._lnblocks_norm.last_backend == "triton"
+    assert record_of(norm).norm.last_backend == "triton"
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)  # fused kernel: fp32 rounding, not bit-identical
 
 
@@ -227,29 +230,20 @@ def test_device_hooks_are_kept_in_both_orders(hook_first):
     calls = calls if hook_first else _add_device_hook(norm)
     assert len(report.patched) == 5 and is_patched(norm)
     assert torch.equal(_logits(model, batch), _logits(reference, batch))
-    assert calls and norm._lnblocks_norm.last_backend == "torch"  # the hook ran, and it ran lnblocks
+    assert calls and record_of(norm).norm.last_backend == "torch"  # the hook ran, and it ran lnblocks
     assert unpatch_norms(model) == 5
-    assert not is_patched(norm) and not _is_ours(norm._old_forward)
+    assert not is_patched(norm) and not isinstance(norm._old_forward, PatchedForward)
     calls.clear()
     assert torch.equal(_logits(model, batch), _logits(reference, batch))
     assert calls  # the hook is still in place after unpatching
 
 
-_EPS_ZERO_SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
-
-
 @pytest.mark.parametrize(
-    ("config_cls", "model_cls", "eps_key", "n_norms"),
-    [("BertConfig", "BertForMaskedLM", "layer_norm_eps", 6), ("LlamaConfig", "LlamaForCausalLM", "rms_norm_eps", 5)],
-    ids=["bert", "llama"],
+    ("family", "eps_key", "n_norms"), [("bert", "layer_norm_eps", 6), ("llama", "rms_norm_eps", 5)]
 )
-def test_eps_zero_models_patch_and_give_hf_numbers(config_cls: str, model_cls: str, eps_key: str, n_norms: int) -> None:
+def test_eps_zero_models_patch_and_give_hf_numbers(family: str, eps_key: str, n_norms: int) -> None:
     """torch and HF accept eps=0 (BERT layer_norm_eps=0, Llama rms_norm_eps=0.0); so does the patcher, exactly."""
-    import transformers
-
-    torch.manual_seed(0)
-    config = getattr(transformers, config_cls)(**_EPS_ZERO_SIZES, **{eps_key: 0.0})
-    model = getattr(transformers, model_cls)(config).eval()
+    model = build(family, **{eps_key: 0.0}).eval()
     batch = {"input_ids": torch.randint(3, 96, (2, 12))}
     expected = _logits(model, batch)
     report = patch_norms(model, backend="torch")
@@ -266,7 +260,7 @@ def test_eps_set_to_zero_after_patching_follows_hf():
         m.variance_epsilon = 0
     batch = inputs(model)
     assert torch.equal(_logits(model, batch), _logits(reference, batch))
-    assert model.model.norm._lnblocks_norm.spec.eps == 0.0
+    assert record_of(model.model.norm).norm.spec.eps == 0.0
 
 
 def test_a_norm_that_cannot_be_patched_is_named():
@@ -283,3 +277,21 @@ def test_a_norm_that_cannot_be_patched_is_named():
     llama.model.norm.variance_epsilon = float("nan")
     with pytest.raises(ValueError, match=r"^LlamaRMSNorm\.variance_epsilon = nan, set after patching, is no eps"):
         llama(**{k: v for k, v in inputs(llama).items() if k != "labels"})
+
+
+def test_a_deleted_patched_model_is_freed_at_once_without_the_garbage_collector():
+    """A patched module's forward holds it by weak reference: no cycle keeps its modules and Parameters alive."""
+    model = build("llama")
+    patch_norms(model, backend="torch", fuse_residual=True)
+    model(**inputs(model)).loss.backward()
+    clone = copy.deepcopy(model)
+    assert torch.equal(_logits(clone, inputs(clone)), _logits(model, inputs(model)))
+    refs = [weakref.ref(x) for m in (model, clone) for x in (*m.modules(), *m.parameters())]
+    gc.collect()
+    gc.disable()
+    try:
+        del model, clone
+        alive = sorted({type(r()).__name__ for r in refs if r() is not None})
+    finally:
+        gc.enable()
+    assert not alive, f"kept alive by a reference cycle: {alive}"

@@ -11,15 +11,16 @@ import copy
 import functools
 import pickle
 import types
+from pathlib import Path
 
 import pytest
 import torch
 from hf_state import snapshot
-from hf_tiny import build, inputs
+from hf_tiny import FAMILIES, build, inputs, tiny_model
 from torch import nn
 
 from lnblocks.hf import is_patched, patch_norms, patched_norms, unpatch_norms
-from lnblocks.hf import residual as R
+from lnblocks.hf.record import is_fused, record_of
 
 transformers = pytest.importorskip("transformers")
 
@@ -55,7 +56,7 @@ def test_fused_layers_are_bit_identical_logits_and_grads(family: str, dtype: tor
     ref_logits, ref_grads = _run(reference, batch)
     assert torch.equal(logits, ref_logits)
     assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
-    norm = getattr(model.model.layers[0], FUSED[family])._lnblocks_norm
+    norm = record_of(getattr(model.model.layers[0], FUSED[family])).norm
     assert (dtype, dtype) in norm._routes.cpu  # the norm was called with residual=: the fused path ran
     layer_cls = type(reference.model.layers[0])
     assert type(model.model.layers[0]).__name__ == layer_cls.__name__ and isinstance(model.model.layers[0], layer_cls)
@@ -96,7 +97,7 @@ def test_deepcopy_pickle_and_compile_keep_the_fusion() -> None:
     with torch.no_grad():
         expected = reference(**batch).logits
         for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-            assert R.is_fused(clone.model.layers[1]) and torch.equal(clone(**batch).logits, expected)
+            assert is_fused(clone.model.layers[1]) and torch.equal(clone(**batch).logits, expected)
         compiled = torch.compile(model, backend="eager", fullgraph=True)
         assert torch.equal(compiled(**batch).logits, expected)
 
@@ -105,7 +106,7 @@ def test_patched_norms_context_unfuses_on_exit() -> None:
     model = build("gemma2").eval()
     layer_cls = type(model.model.layers[0])
     with patched_norms(model, backend="torch", fuse_residual=True) as report:
-        assert len(report.layers) == 2 and R.is_fused(model.model.layers[0])
+        assert len(report.layers) == 2 and is_fused(model.model.layers[0])
         assert "before pre_feedforward_layernorm" in str(report)
     assert type(model.model.layers[0]) is layer_cls and not any(is_patched(m) for m in model.modules())
 
@@ -131,7 +132,7 @@ def test_accelerate_offloaded_model_fuses_and_unfuses(tmp_path) -> None:
     assert layer._old_forward.__func__ is type(layer).forward  # the hook calls the fused forward
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, expected)
-    assert (torch.float32, torch.float32) in layer.post_attention_layernorm._lnblocks_norm._routes.cpu
+    assert (torch.float32, torch.float32) in record_of(layer.post_attention_layernorm).norm._routes.cpu
     unpatch_norms(model)
     assert type(layer) is base and layer._old_forward.__func__ is base.forward and hasattr(layer, "_hf_hook")
     with torch.no_grad():
@@ -236,16 +237,100 @@ def test_unpatched_norm_inside_a_fused_layer_falls_back_to_the_original_statemen
     model = copy.deepcopy(reference)
     patch_norms(model, backend="torch", fuse_residual=True)
     unpatch_norms(model.model.layers[0].post_attention_layernorm)  # one norm restored by hand, its layer still fused
-    assert R.is_fused(model.model.layers[0])
+    assert is_fused(model.model.layers[0])
     batch = {"input_ids": inputs(model)["input_ids"]}
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, reference(**batch).logits)
 
 
 def test_traffic_table_counts_one_activation_read_forward_and_two_backward_per_fused_add() -> None:
-    from benchmarks.traffic import Operands, min_bytes, unfused_residual_bytes
+    from benchmarks.kernels.traffic import Operands, min_bytes, unfused_residual_bytes
 
     n, m = 4096, 1000
     op = Operands(n, 2, 2, 2, 0, 2, False, False)  # bf16 RMSNorm with a residual
     assert unfused_residual_bytes("fwd", m, op) - min_bytes("fwd", m, op) == m * n * 2  # the norm re-reads x + r
     assert unfused_residual_bytes("bwd", m, op) - min_bytes("bwd", m, op) == 2 * m * n * 2  # the grads' sum
+
+
+def _scale_input(module: nn.Module, args: tuple) -> tuple:
+    return (args[0] * 2.0,)
+
+
+def _halve_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output * 0.5  # a tuple here would raise: the hook must see the norm's plain output
+
+
+@pytest.mark.parametrize("where", ["pre-hook", "forward-hook", "global-pre-hook"])
+def test_hooks_on_a_fused_norm_see_its_true_input_and_output(where: str) -> None:
+    """A hook on a norm whose add is fused (or a global hook) sees what it sees unpatched: the norm's input ``a + b``
+    and its plain output, and what it returns is used; that call runs the layer's original statements."""
+    reference = build("llama").eval()
+    model = copy.deepcopy(reference)
+    patch_norms(model, backend="torch", fuse_residual=True)
+    seen: dict[int, list[torch.Tensor]] = {id(reference): [], id(model): []}
+    handles = []
+    for m in (reference, model):
+        norm = m.model.layers[0].post_attention_layernorm
+        record = functools.partial(lambda store, mod, args: store.append(args[0].clone()), seen[id(m)])
+        if where == "pre-hook":
+            handles += [norm.register_forward_pre_hook(record), norm.register_forward_pre_hook(_scale_input)]
+        elif where == "forward-hook":
+            handles += [norm.register_forward_pre_hook(record), norm.register_forward_hook(_halve_output)]
+    if where == "global-pre-hook":
+        targets = {id(m.model.layers[0].post_attention_layernorm): seen[id(m)] for m in (reference, model)}
+
+        def record_global(mod: nn.Module, args: tuple) -> None:
+            if id(mod) in targets:
+                targets[id(mod)].append(args[0].clone())
+
+        handles.append(torch.nn.modules.module.register_module_forward_pre_hook(record_global))
+    batch = {"input_ids": inputs(model)["input_ids"]}
+    try:
+        with torch.no_grad():
+            expected, logits = reference(**batch).logits, model(**batch).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert torch.equal(logits, expected)
+    assert len(seen[id(model)]) == 1 and torch.equal(seen[id(model)][0], seen[id(reference)][0])
+    with torch.no_grad():  # without hooks the add is fused again
+        assert torch.equal(model(**batch).logits, reference(**batch).logits)
+    norm = record_of(model.model.layers[0].post_attention_layernorm).norm
+    assert (torch.float32, torch.float32) in norm._routes.cpu
+
+
+# tiny model -> the name docs/hf-training.md's fusion table gives its family
+_DOCS_NAMES = {
+    **{name: name.capitalize() for name in ("llama", "mistral", "gemma", "gemma2", "gemma3")},
+    **{"qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "OLMo2", "gpt2": "GPT-2", "gpt_neox": "GPT-NeoX"},
+    **{"bert": "BERT", "roberta": "RoBERTa", "opt_pre": "OPT", "opt_post": "OPT", "t5": "T5"},
+    **{"falcon": "Falcon", "falcon_sequential": "Falcon", "falcon_new_arch": "Falcon"},
+}
+_MORE = {"olmo": ("OlmoConfig", "OlmoForCausalLM"), "cohere": ("CohereConfig", "CohereForCausalLM")}
+_MORE["cohere2"] = ("Cohere2Config", "Cohere2ForCausalLM")
+
+
+def _docs_fusion_rows() -> dict[str, str]:
+    """family name -> "fused" or "refused", from the table in docs/hf-training.md."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "hf-training.md").read_text()
+    table = text[text.index("| family (decoder layer) |") :].split("\n\n")[0].splitlines()[2:]
+    rows = {}
+    for line in table:
+        families, fused = line.split("|")[1:3]
+        for name in families.split(","):
+            rows[name.split("(")[0].strip()] = "refused" if "refused" in fused else "fused"
+    return rows
+
+
+def test_the_docs_fusion_table_puts_every_tiny_family_in_its_row() -> None:
+    rows = _docs_fusion_rows()
+    models = {name: functools.partial(build, name) for name in FAMILIES}
+    models |= {name: functools.partial(tiny_model, *classes) for name, classes in _MORE.items()}
+    for name, make in models.items():
+        try:
+            patch_norms(make(), backend="torch", fuse_residual=True)
+            outcome = "fused"
+        except ValueError:
+            outcome = "refused"
+        docs_name = _DOCS_NAMES.get(name) or {"olmo": "OLMo", "cohere": "Cohere", "cohere2": "Cohere2"}[name]
+        assert rows.get(docs_name) == outcome, f"docs/hf-training.md: {docs_name} is {outcome}, the table says {rows}"

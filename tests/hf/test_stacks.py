@@ -12,13 +12,13 @@ import copy
 import pytest
 import torch
 from hf_state import snapshot
-from hf_tiny import VOCAB, build
+from hf_tiny import VOCAB, build, tiny_config
 from test_patch_api import Other
 from torch import nn
 
 import lnblocks.hf as H
 from lnblocks.hf import is_patched, patch_norms, unpatch_norms
-from lnblocks.hf import residual as R
+from lnblocks.hf.record import is_fused
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -92,7 +92,7 @@ def test_trainer_patched_gives_the_same_losses_and_weights(tmp_path, lora: bool,
 
     # unpatching after training restores the original classes' behaviour: the same numbers as the plain model
     assert unpatch_norms(patched) == len(report.patched)
-    assert not any(is_patched(m) or R.is_fused(m) for m in patched.modules())
+    assert not any(is_patched(m) or is_fused(m) for m in patched.modules())
     ids = _data(2)[0]["input_ids"][None]
     with torch.no_grad():
         assert torch.equal(patched.eval()(input_ids=ids).logits, plain.eval()(input_ids=ids).logits)
@@ -117,7 +117,7 @@ def test_from_pretrained_loads_and_patches_in_one_call(tmp_path):
     with torch.no_grad():
         expected = source(input_ids=ids).logits
     model = H.from_pretrained(tmp_path, backend="torch", fuse_residual=True, attn_implementation="eager")
-    assert type(model).__name__ == "Gemma2ForCausalLM" and R.is_fused(model.model.layers[0])
+    assert type(model).__name__ == "Gemma2ForCausalLM" and is_fused(model.model.layers[0])
     assert all(is_patched(m) for n, m in model.named_modules() if n.endswith("norm"))
     with torch.no_grad():
         assert torch.equal(model.eval()(input_ids=ids).logits, expected)
@@ -146,7 +146,7 @@ class _NoNorm(transformers.PreTrainedModel):
 
 def test_a_peft_model_whose_base_has_no_recognised_norm_is_refused_unchanged(tmp_path):
     torch.manual_seed(0)
-    model = peft.get_peft_model(_NoNorm(transformers.LlamaConfig()), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    model = peft.get_peft_model(_NoNorm(tiny_config("LlamaConfig")), peft.LoraConfig(r=2, target_modules=["q_proj"]))
     before = snapshot(model)
     with pytest.raises(ValueError, match=r"PeftModel\(_NoNorm\) has no norm lnblocks can patch \(norm-like classes"):
         patch_norms(model)

@@ -13,6 +13,7 @@ from hf_tiny import build, inputs
 
 from lnblocks.cli import main as cli_main
 from lnblocks.hf import is_patched, patch_norms, patch_transformers, unpatch_norms, unpatch_transformers
+from lnblocks.hf.record import is_fused
 
 transformers = pytest.importorskip("transformers")
 
@@ -164,3 +165,24 @@ def test_patch_check_passes_on_eps_zero_models(tmp_path, capsys):
     model.save_pretrained(tmp_path)
     assert cli_main(["patch-check", str(tmp_path), "--backend", "torch"]) == 0
     assert "(identical; torch.float32, cpu)" in capsys.readouterr().out
+
+
+def test_patch_transformers_fuses_residual_adds_bit_identically(tmp_path, caplog):
+    """``patch_transformers(fuse_residual=True)``: every model built fuses where its layers can be fused (the logits
+    bit-identical to the unpatched model's); a model whose layers cannot is built with its norms patched alone."""
+    source = build("llama").eval()
+    source.save_pretrained(tmp_path)
+    batch = {"input_ids": inputs(source)["input_ids"]}
+    eager = {"attn_implementation": "eager"}
+    with torch.no_grad():
+        expected = transformers.LlamaForCausalLM.from_pretrained(tmp_path, **eager).eval()(**batch).logits
+    with caplog.at_level("INFO", logger="lnblocks.hf"), patch_transformers(backend="torch", fuse_residual=True):
+        loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, **eager).eval()
+        olmo2 = build("olmo2")  # norms after each branch: no add-then-norm to fuse
+    assert [is_fused(layer) for layer in loaded.model.layers] == [True, True]
+    assert all(is_patched(m) for m in _norm_modules(loaded))
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, expected)
+    assert all(is_patched(m) for m in _norm_modules(olmo2)) and not any(is_fused(m) for m in olmo2.modules())
+    assert "Olmo2DecoderLayer" in caplog.text and "those adds stay as they are" in caplog.text
+    assert patch_norms(loaded, backend="torch", fuse_residual=True).layers  # the same options: the report again

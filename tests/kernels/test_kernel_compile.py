@@ -1,6 +1,6 @@
 """The kernels inside ``torch.compile(fullgraph=True)`` (custom ops with fake impls: no graph break), the ops'
 registration checked by ``torch.library.opcheck``, and the kernels compiled for sm_90 without a GPU
-(``benchmarks/kernel_resources.py``)."""
+(``benchmarks/kernels/kernel_resources.py``)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_opcheck_backward_ops() -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-# A slice of benchmarks/kernel_resources.py's table: the widest single-block rows and the looped path, fp32 (the
+# A slice of benchmarks/kernels/kernel_resources.py's table: the widest single-block rows and the looped path, fp32 (the
 # most register pressure) and bf16, every variant that changes the kernel's code (residual, dropout with and
 # without a residual), both kernels, both norms, for sm_90.
 _SLICE = [
@@ -114,7 +114,7 @@ _SLICE = [
 
 def test_kernel_resources_slice_compiles_without_spills(tmp_path: Path) -> None:
     """Triton's real compiler + ptxas on the kernels (the interpreter checks neither types nor registers)."""
-    script = ROOT / "benchmarks" / "kernel_resources.py"
+    script = ROOT / "benchmarks" / "kernels" / "kernel_resources.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     probe = subprocess.run(
         [sys.executable, "-c", "import runpy, sys; m = runpy.run_path(sys.argv[1]); print(m['tools_available']())",

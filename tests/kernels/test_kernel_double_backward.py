@@ -1,4 +1,4 @@
-"""Second-order gradients through the fused kernels (issue 10): with ``create_graph=True`` the gradient must carry a
+"""Second-order gradients through the fused kernels: with ``create_graph=True`` the gradient must carry a
 graph and double backward must give the torch backend's numbers (gradient penalties, Hessian-vector products), and
 both must be close to the same computation in fp64."""
 

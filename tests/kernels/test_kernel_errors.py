@@ -61,7 +61,7 @@ def test_bad_inputs_raise(kwargs: dict, error: type[Exception], match: str) -> N
 
 
 def test_wrong_weight_shape_names_the_weight() -> None:
-    """Issue 10: ``fused_add_norm(x, r, torch.ones(7))`` used to blame x for the weight's shape."""
+    """``fused_add_norm(x, r, torch.ones(7))`` used to blame x for the weight's shape: the error names the weight."""
     x = torch.randn(3, 16, device=DEVICE)
     with pytest.raises(ValueError, match=r"^weight: .*got \(7,\)"):
         fused_add_norm(x, torch.randn_like(x), torch.ones(7, device=DEVICE))

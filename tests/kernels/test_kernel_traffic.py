@@ -1,25 +1,20 @@
-"""The on-paper byte counts of benchmarks/traffic.py against the tensors the launchers really read and write.
+"""The on-paper byte counts of benchmarks/kernels/traffic.py against the tensors the launchers really read and write.
 
 The count is the sum of the operands' sizes (each element of an (M, N) operand read or written once, weights once)
 plus the backward's partial dW/dB rows (written by the kernel, read by the final sum). If a launcher starts saving,
-reading or writing another tensor, these tests fail until the table in benchmarks/README.md is redone.
+reading or writing another tensor, these tests fail until the table in benchmarks/kernels/README.md is redone.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from benchmarks.kernels.traffic import Operands, kernel_bytes, min_bytes
 from lnblocks.kernels.launch import bwd_config, bwd_grid, launch_backward, launch_forward
 from lnblocks.kernels.plan import make_plan
 from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 from tests.kernels.kernel_helpers import DEVICE
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from traffic import Operands, kernel_bytes, min_bytes
 
 M, N = 6, 64
 

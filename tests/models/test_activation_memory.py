@@ -1,6 +1,6 @@
 """Activation memory against HF at the same shape: a GPT converted with ``GPT.from_hf`` saves no more bytes for
 backward per layer than the HF model (counted exactly: distinct storages seen by ``saved_tensors_hooks``).
-``benchmarks/bench_memory.py`` prints the full table; this guards the two regressions it found (K/V repeated for
+``benchmarks/models/bench_memory.py`` prints the full table; this guards the two regressions it found (K/V repeated for
 GQA before sdpa, and a view of the fused qkv output keeping all of it alive)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lnblocks import GPT, GPTConfig
-from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
+from lnblocks.blocks import AttentionConfig, BlockConfig, HyperConnectionsConfig, MLPConfig
 from lnblocks.models.export_rules import EXPORT_RULES, rule
 from lnblocks.norms.spec import (
     SPEC_TYPES,
@@ -28,7 +28,7 @@ from tests.blocks.block_helpers import randomize_
 
 transformers = pytest.importorskip("transformers")
 
-CLASSES = (GPTConfig, BlockConfig, AttentionConfig, MLPConfig, NormSpec, *SPEC_TYPES.values())
+CLASSES = (GPTConfig, BlockConfig, AttentionConfig, MLPConfig, HyperConnectionsConfig, NormSpec, *SPEC_TYPES.values())
 CONTAINERS = {(GPTConfig, "block"), (BlockConfig, "attention"), (BlockConfig, "mlp")}  # covered field by field
 BASE = {  # family -> (GPTConfig options, block options) of a model the family expresses
     "gpt2": ({}, {"dim": 32, "attention": {"n_heads": 4}}),
@@ -81,6 +81,8 @@ VARIANTS: dict[tuple[type, str], list[tuple[str, dict, dict, str | None]]] = {
         ("llama", {"emb_dropout": 0.1}, {}, "emb_dropout"),
     ],
     (GPTConfig, "emb_norm"): [("gpt2", {"emb_norm": "layernorm"}, {}, "emb_norm")],
+    (GPTConfig, "emb_scale"): [("llama", {"emb_scale": 2.0}, {}, "emb_scale")],
+    (GPTConfig, "final_softcap"): [("gpt2", {"final_softcap": 30.0}, {}, "final_softcap")],
     (BlockConfig, "dim"): [("gpt2", {}, {"dim": 48}, None)],
     (BlockConfig, "placement"): [
         ("gpt2", {}, {"placement": "post"}, "placement"),
@@ -105,6 +107,15 @@ VARIANTS: dict[tuple[type, str], list[tuple[str, dict, dict, str | None]]] = {
         ("gpt2", {}, {"mlp_norm": True}, "mlp_norm"),
         ("llama", {}, {"mlp_norm": "rmsnorm"}, "mlp_norm"),
     ],
+    (BlockConfig, "v_norm"): [("llama", {}, {"v_norm": "rmsnorm"}, "v_norm")],
+    (BlockConfig, "mlp_placement"): [("gpt2", {}, {"mlp_placement": "post"}, "mlp_placement")],
+    (BlockConfig, "hyper_connections"): [("gpt2", {}, {"hyper_connections": {"n_streams": 2}}, "hyper_connections")],
+    (HyperConnectionsConfig, "n_streams"): [("llama", {}, {"hyper_connections": {"n_streams": 3}}, "n_streams")],
+    (HyperConnectionsConfig, "kind"): [("gpt2", {}, {"hyper_connections": {"kind": "static"}}, "kind")],
+    (HyperConnectionsConfig, "sinkhorn_iters"): [
+        ("gpt2", {}, {"hyper_connections": {"kind": "mhc", "sinkhorn_iters": 5}}, "sinkhorn_iters")
+    ],
+    (HyperConnectionsConfig, "eps"): [("gpt2", {}, {"hyper_connections": {"kind": "mhc", "eps": 1e-5}}, "eps")],
     (AttentionConfig, "n_heads"): [("gpt2", {}, _attn("gpt2", n_heads=8), None)],
     (AttentionConfig, "n_kv_heads"): [
         ("gpt2", {}, _attn("gpt2", n_kv_heads=2), "attention.n_kv_heads"),
@@ -136,6 +147,8 @@ VARIANTS: dict[tuple[type, str], list[tuple[str, dict, dict, str | None]]] = {
         ("mistral", {}, _attn("mistral", sliding_window=4), None),
     ],
     (AttentionConfig, "scale"): [("llama", {}, _attn("llama", scale=0.3), "attention.scale")],
+    (AttentionConfig, "softcap"): [("llama", {}, _attn("llama", softcap=50.0), "attention.softcap")],
+    (AttentionConfig, "output_gate"): [("gpt2", {}, _attn("gpt2", output_gate="headwise"), "attention.output_gate")],
     (MLPConfig, "activation"): [
         ("gpt2", {}, _mlp("gpt2", activation="relu"), None),
         ("gpt2", {}, _mlp("gpt2", activation="swiglu"), "activation"),

@@ -8,15 +8,18 @@ import torch
 import torch.nn.functional as F
 
 from lnblocks import GPT, BlockConfig, GPTConfig
-from lnblocks.blocks import PLACEMENTS
-from lnblocks.models import mix_ln
+from lnblocks.blocks import PLACEMENTS, Stream, rope_cache
+from lnblocks.models import mix_ln, ngpt_block
 from tests.blocks.block_helpers import randomize_
 
 V, T = 50, 12
 
 
 def small(placement: str = "pre", n_layers: int = 3, **options) -> GPT:
-    block = options.pop("block", BlockConfig(dim=32, placement=placement, attention={"n_heads": 4}))
+    if placement == "ngpt":  # nGPT: its block (no biases, SwiGLU) and RoPE
+        options.setdefault("block", ngpt_block(dim=32, attention={"n_heads": 4}))
+        options["positions"] = "rope"
+    block = options.pop("block", None) or BlockConfig(dim=32, placement=placement, attention={"n_heads": 4})
     init = "deepnet" if placement == "deepnorm" else "gpt2"
     cfg = GPTConfig(vocab_size=V, max_seq_len=16, n_layers=n_layers, block=block, init=init, **options)
     return randomize_(GPT(cfg), 0.05).eval()
@@ -37,6 +40,16 @@ def manual_logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
             y = y + m
             x = b.mlp_post_norm(x + m)
         return model.lm_head(x + model.final_norm(y))
+    if model.config.layers[0].placement == "siamese":  # both streams from the embedding; norm_f(N(x) + N(y))
+        s = Stream(x, None, x)
+        for b in model.blocks:
+            s = b(s)
+        return model.lm_head(model.final_norm(model.final_post_norm(s.value()) + model.final_dual_norm(s.dual)))
+    if model.config.layers[0].placement == "ngpt":  # RoPE in the blocks, logits times s_z
+        rope = rope_cache(8, torch.arange(idx.shape[1]))
+        for b in model.blocks:
+            x = b(x, rope)
+        return model.lm_head(x) * model.s_z()
     for b in model.blocks:
         x = b(x)
     if model.final_norm is not None:
@@ -85,7 +98,10 @@ def test_return_hidden_gives_the_stream_after_each_block() -> None:
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_gradient_reaches_every_parameter(placement: str) -> None:
-    block = BlockConfig(dim=16, placement=placement, attention={"n_heads": 2}, rezero=placement == "none")
+    if placement == "ngpt":
+        block = ngpt_block(dim=16, attention={"n_heads": 2})
+    else:
+        block = BlockConfig(dim=16, placement=placement, attention={"n_heads": 2}, rezero=placement == "none")
     model = small(placement, n_layers=2, block=block, positions="rope" if placement == "parallel" else "learned")
     idx = torch.randint(0, V, (2, 8))
     _, loss = model(idx, idx)
@@ -208,7 +224,7 @@ def test_num_params_and_tied_head() -> None:
     ],
 )
 def test_bad_model_inputs(call, error: type, match: str) -> None:
-    """Targets too: out of range or float ones gave raw torch errors (IndexError, RuntimeError), lnblocks issue 24."""
+    """Targets too: out of range or float ones gave raw torch errors (IndexError, RuntimeError)."""
     with pytest.raises(error, match=match):
         call(small())
 

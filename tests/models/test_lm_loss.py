@@ -1,4 +1,4 @@
-"""The chunked LM head + cross-entropy (``lnblocks.models.loss``) against today's full-logits loss: ``F.linear``,
+"""The chunked LM head + cross-entropy (``lnblocks.models.lm_head``) against today's full-logits loss: ``F.linear``,
 then ``F.cross_entropy(logits.float())``, the study's z-loss ``c * logsumexp(logits.float()).pow(2).mean()`` and the
 probe's ``logits.float().amax()`` / ``logsumexp(...).mean()``.
 
@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 
-import lnblocks.models.loss as L
+import lnblocks.models.lm_head as L
 from lnblocks import GPT, BlockConfig, GPTConfig
-from lnblocks.models.loss import lm_head_loss
+from lnblocks.models.lm_head import lm_head_loss
 
 B, T, C, V = 4, 32, 16, 300
 REL = 1e-6

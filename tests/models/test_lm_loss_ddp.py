@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import lnblocks.models.loss as L
+import lnblocks.models.lm_head as L
 from lnblocks import GPT, BlockConfig, GPTConfig
 from tests.gloo_helpers import run_gloo
 

@@ -1,26 +1,21 @@
-"""``benchmarks/bench_sharded_memory.py`` reads what a rank holds: checked here at a tiny shape against what FSDP2
-and Korthikanti et al. (arXiv 2205.05198) say a rank must hold."""
+"""``benchmarks/models/bench_sharded_memory.py`` reads what a rank holds: checked here at a tiny shape against what
+FSDP2 and Korthikanti et al. (arXiv 2205.05198) say a rank must hold."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from lnblocks import GPT
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_sharded_memory.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_sharded_memory", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks.models import bench_sharded_memory
+
+    return bench_sharded_memory
 
 
 def test_fsdp_shards_are_torch_chunks_of_dim_0(bench) -> None:

@@ -142,7 +142,7 @@ def test_triton_backend_checks_parameter_and_residual_dtypes() -> None:
         lnblocks.RMSNorm(8, backend="triton")(x, residual=x.double())
 
 
-# ---- contradictory options: refused when the norm is built (issue 24 item 13) -------------------------------------
+# ---- contradictory options: refused when the norm is built, not at the first call --------------------------------
 @pytest.mark.parametrize(
     ("build", "match"),
     [

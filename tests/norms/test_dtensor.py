@@ -1,4 +1,4 @@
-"""Every lnblocks norm under DTensor (tensor/sequence parallelism) and FSDP2, on two gloo processes (issue 21).
+"""Every lnblocks norm under DTensor (tensor/sequence parallelism) and FSDP2, on two gloo processes.
 
 One spawn of two CPU processes runs every case (``_run_cases``) and records its outcome; the tests below read them.
 A case builds a norm, runs it in one process on the full tensors (the reference), then on DTensors: x (and the

@@ -1,4 +1,4 @@
-"""Every tensor a norm reads has the shape its math assumes, checked on every call that can change it (issue 24).
+"""Every tensor a norm reads has the shape its math assumes, checked on every call that can change it.
 
 Before, a replaced parameter of the wrong shape broadcast silently (``RMSNorm(3)`` with a weight of shape ``(1,)``,
 where ``torch.nn.RMSNorm`` raises) or, on the fused path, was read past its end (``LayerNorm(8, backend="triton")``

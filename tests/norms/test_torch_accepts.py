@@ -1,4 +1,4 @@
-"""What ``torch.nn.LayerNorm``/``RMSNorm`` accept, lnblocks accepts with the same numbers (issue: eps=0, numpy sizes).
+"""What ``torch.nn.LayerNorm``/``RMSNorm`` accept, lnblocks accepts with the same numbers (eps=0, numpy sizes).
 
 eps=0 is legal in torch and in HF configs (``layer_norm_eps=0``); lnblocks refused it. numpy integer sizes (what
 ``np.prod``/``shape`` arithmetic gives) are accepted by torch's constructors.

@@ -38,7 +38,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -49,6 +49,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from lnblocks.models.gpt import GPT
+from lnblocks.models.parallel.agreement import check_ranks_agree, parameter_digest
 from lnblocks.models.parallel.config import MESH_DIMS, ParallelConfig, as_parallel_config
 from lnblocks.models.parallel.styles import (
     FusedColwiseParallel,
@@ -62,12 +63,19 @@ BLOCK_NORMS = ("attn_in_norm", "attn_out_norm", "attn_post_norm", "mlp_in_norm",
 
 
 def build_mesh(config: ParallelConfig | dict | None = None, device_type: str = "cpu") -> DeviceMesh:
-    """The ``(dp_shard, tp)`` mesh of ``config`` over the initialised process group (``ValueError`` on every rank
-    before any collective when ``dp_shard * tp`` is not the world size)."""
-    config = as_parallel_config(config)
+    """The ``(dp_shard, tp)`` mesh of ``config`` over the initialised process group. ``ValueError`` on every rank,
+    before the mesh's collectives, when ``dp_shard * tp`` is not the world size or the ranks were given different
+    configs (``check_ranks_agree``: they would build different process groups and wait in them forever)."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised: call dist.init_process_group() (torchrun sets it up)")
-    config.check_world_size(dist.get_world_size())
+    problem: BaseException | None = None
+    try:
+        config = as_parallel_config(config)
+        config.check_world_size(dist.get_world_size())
+    except (TypeError, ValueError) as err:
+        problem = err
+    facts = {} if problem else {"ParallelConfig": config.to_dict(), "device_type": device_type}
+    check_ranks_agree("build_mesh", facts, problem)
     return init_device_mesh(device_type, config.mesh_shape, mesh_dim_names=MESH_DIMS)
 
 
@@ -78,15 +86,19 @@ def parallelize(model: GPT, mesh: DeviceMesh, config: ParallelConfig | dict | No
     so ``torch.distributed.checkpoint`` state dicts load into any other world size or layout. Rank 0's initial
     values are copied to every rank. Every check runs before anything is sharded, with the same outcome on every
     rank. ``forward`` then takes this rank's batch rows (``split_batch``) and, with ``loss_parallel``, must run
-    inside ``loss_context``; logits are DTensors when ``tp > 1``.
+    inside ``loss_context``; logits are DTensors when ``tp > 1``. Every rank of the process group calls it: before
+    any sharded collective the ranks compare their ``ParallelConfig``, model config and parameters
+    (``check_ranks_agree``), so ranks given different settings all stop with one error instead of hanging or
+    training rank 0's. ``generate`` runs FSDP2's hooks like ``forward`` (no ``unshard()`` needed).
     """
-    config = as_parallel_config(config)
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be an lnblocks GPT, got {type(model).__name__}")
-    if getattr(model, "parallel_config", None) is not None:
-        raise ValueError("model is already parallelized; build a new GPT to shard it differently")
-    check_mesh(mesh, config)
-    config.check_model(model.config)
+    try:
+        config = _checked(model, mesh, config)
+        problem = None
+    except (TypeError, ValueError) as err:
+        problem = err
+    facts = {} if problem else {"ParallelConfig": config.to_dict(), "GPTConfig": model.config.to_dict(),
+                                "parameters": parameter_digest(model), "mesh": tuple(mesh.shape)}  # fmt: skip
+    check_ranks_agree("parallelize", facts, problem)
     _copy_from_rank0(model)
     if config.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], config)
@@ -97,6 +109,19 @@ def parallelize(model: GPT, mesh: DeviceMesh, config: ParallelConfig | dict | No
     model.register_forward_pre_hook(_sequence_check(config), prepend=True, with_kwargs=True)
     model.parallel_config = config
     return model
+
+
+def _checked(model: Any, mesh: Any, config: Any) -> ParallelConfig:
+    """The checks of ``parallelize`` this rank can make alone (the same outcome on every rank given the same
+    inputs); returns the config."""
+    config = as_parallel_config(config)
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be an lnblocks GPT, got {type(model).__name__}")
+    if getattr(model, "parallel_config", None) is not None:
+        raise ValueError("model is already parallelized; build a new GPT to shard it differently")
+    check_mesh(mesh, config)
+    config.check_model(model.config)
+    return config
 
 
 def check_mesh(mesh: Any, config: ParallelConfig) -> None:
@@ -156,6 +181,9 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, config: ParallelConfig) -> None:
     for block in model.blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
+    # generate runs the trunk without forward: give it forward's FSDP2 hooks (the root's lazy init and all-gather),
+    # so it needs no unshard() and never lazily initialises a block as a root (which broke every later forward)
+    register_fsdp_forward_method(model, "generate")
 
 
 def _copy_from_rank0(model: nn.Module) -> None:

@@ -118,7 +118,7 @@ def run_study(
         return _run(study, task, out, show, report, pool, here=name == "local")
     from lnblocks.study.core.torchrun import TorchrunExecutor
 
-    ddp = TorchrunExecutor(task, study.runs()[0])
+    ddp = TorchrunExecutor(task, study.runs()[0], study.runs())  # refused on every rank if the ranks' runs differ
     try:
         if not ddp.is_driver:  # ranks > 0 train what rank 0's loop hands out
             ddp.serve()

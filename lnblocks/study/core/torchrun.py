@@ -30,13 +30,40 @@ def launched_by_torchrun() -> bool:
     return dist_from_env().enabled
 
 
+def same_runs_on_every_rank(runs: list[Any]) -> None:
+    """``ValueError`` on every rank unless every rank resolved the same runs (each run's every field, execution keys
+    included): the driver hands out rank 0's runs, so ranks launched with other ``--set`` values or study files would
+    otherwise train rank 0's config without a word, or wait in other collectives. One small ``all_gather_object`` of
+    a digest per run; on a difference, a second one of the first differing run's fields, to name the key."""
+    import dataclasses
+    import hashlib
+
+    import torch.distributed as td
+
+    from lnblocks.models.parallel.agreement import check_ranks_agree, flatten
+
+    def fields(run: Any) -> dict[str, Any]:
+        return dataclasses.asdict(run) if dataclasses.is_dataclass(run) else {"run": run}
+
+    digests = [hashlib.sha256(repr(sorted(flatten(fields(r)).items())).encode()).hexdigest()[:16] for r in runs]
+    gathered: list[Any] = [None] * td.get_world_size()
+    td.all_gather_object(gathered, digests)
+    if any(len(d) != len(digests) for d in gathered):
+        counts = ", ".join(f"rank {r}: {len(d)}" for r, d in enumerate(gathered))
+        raise ValueError(f"the ranks disagree on the study: {counts} runs; launch every rank with the same command")
+    differing = [i for i in range(len(digests)) if len({d[i] for d in gathered}) > 1]
+    if differing:
+        i = differing[0]
+        check_ranks_agree(f"run {i + 1} of {len(runs)} of the study", fields(runs[i]))
+
+
 class TorchrunExecutor:
     """Every job trains on all ranks of this torchrun job; ``run``: a run of the study, whose ``device``
     (``"cpu"``, ``"cuda"``, ``"auto"``) picks the backend: gloo for ``"cpu"`` or without CUDA, else nccl."""
 
     live_tracking = False  # the driver writes curves from each record (the task's replay_curves)
 
-    def __init__(self, task: Task, run: Any) -> None:
+    def __init__(self, task: Task, run: Any, runs: list[Any] | None = None) -> None:
         import torch
         import torch.distributed as td
 
@@ -52,6 +79,12 @@ class TorchrunExecutor:
         self.backend = td.get_backend()
         self.run = run
         self._ended = False  # the driver has told the other ranks that no job follows
+        if runs is not None:
+            try:
+                same_runs_on_every_rank(runs)
+            except ValueError:
+                td.destroy_process_group()  # every rank raised the same error: none waits for another
+                raise
 
     @property
     def is_driver(self) -> bool:

@@ -266,7 +266,7 @@ class TrainConfig(Config):
 
 @dataclass(frozen=True, kw_only=True)
 class DiagnosticsConfig(Config):
-    """What is logged, and how often (cheap enough to leave on: see benchmarks/bench_study.py).
+    """What is logged, and how often (cheap enough to leave on: see benchmarks/study/bench_study.py).
 
     ``every``: record per-layer gradient norms, update/weight ratios, residual-stream norms and logit maxima at step
     0 and every ``every`` steps (0: off). ``init_grad_batches``: Xiong et al. 2020's *expected gradient* at init

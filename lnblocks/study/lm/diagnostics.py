@@ -1,4 +1,4 @@
-"""Stability diagnostics of a ``GPT`` during training, cheap enough to leave on (benchmarks/bench_study.py).
+"""Stability diagnostics of a ``GPT`` during training, cheap enough to leave on (benchmarks/study/bench_study.py).
 
 Per layer and weight group (W_Q, W_K, W_V: attention in; W_O: attention out; W_1 (and W_3): MLP in; W_2: MLP out;
 ``norm``: every norm gain/bias of the block): gradient norms and update-to-weight ratios ``||dW|| / ||W||``.

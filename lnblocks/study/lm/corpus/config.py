@@ -23,6 +23,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,52 @@ def _file_id(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
+def _folders(base: str) -> Iterator[str]:
+    """``base`` and every folder under it that is not hidden, symlinked folders followed, but each folder (its
+    ``(device, inode)``) once. Walked depth first with sibling folders in the order of ``name + "/"``, which visits
+    paths in sorted order, so a folder is reached first by the path that sorts first: the one Python's glob listed
+    first, which ``expand_patterns`` kept. A symlink loop (``ln -s .. up``) or a folder linked twice then ends the
+    walk instead of repeating it forever."""
+    seen: set[tuple[int, int]] = set()
+    stack = [base]
+    while stack:
+        folder = stack.pop()
+        try:
+            st = os.stat(folder or os.curdir)
+            names = os.listdir(folder or os.curdir)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        yield folder
+        subs = sorted((n for n in names if not n.startswith(".")), key=lambda n: n + os.sep)
+        stack.extend(reversed([d for d in (os.path.join(folder, n) for n in subs) if os.path.isdir(d)]))
+
+
+def _glob(pattern: str) -> list[str]:
+    """``glob.glob(pattern, recursive=True)`` (``**``: this folder and every folder under it, hidden ones left out)
+    with each folder a ``**`` reaches walked once (``_folders``): Python's glob follows symlinked folders with no
+    guard, so a symlink loop made it expand forever."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return glob.glob(pattern)  # no recursion: a symlink loop cannot repeat
+    i = parts.index("**")
+    head = os.sep.join(parts[:i]) or (os.sep if pattern.startswith(os.sep) else "")
+    tail = parts[i + 1 :] or ["*"]  # a trailing ** matches everything under the folders
+    bases = glob.glob(head) if glob.has_magic(head) else [head]
+    out = []
+    for base in bases:
+        if base and not os.path.isdir(base):
+            continue
+        for folder in _folders(base):
+            out += _glob(os.path.join(glob.escape(folder), *tail))
+    return out
+
+
 def _matches(pattern: str) -> list[str]:
     expanded = os.path.expanduser(pattern)
-    return sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+    return sorted(_glob(expanded)) if glob.has_magic(expanded) else [expanded]
 
 
 def expand_patterns(key: str, patterns: tuple[str, ...]) -> list[Path]:
@@ -97,7 +141,8 @@ def expand_patterns(key: str, patterns: tuple[str, ...]) -> list[Path]:
 
 def excluded(files: list[Path], exclude: tuple[str, ...]) -> tuple[list[Path], list[Path]]:
     """``(kept, left out)``: ``files`` split by the ``exclude`` paths/globs (expanded like ``files``; a folder leaves
-    out every file under it). A pattern that matches nothing is not an error (it may match on another machine)."""
+    out every file under it, by any path: through a symlink to the folder, or a folder named through a symlink). A
+    pattern that matches nothing is not an error (it may match on another machine)."""
     if not exclude:
         return files, []
     hit: set[tuple[int, int] | None] = set()
@@ -113,7 +158,10 @@ def excluded(files: list[Path], exclude: tuple[str, ...]) -> tuple[list[Path], l
     kept: list[Path] = []
     out: list[Path] = []
     for f in files:
-        gone = (under and os.path.abspath(f).startswith(under)) or (hit and _file_id(str(f)) in hit)
+        # a file is under a left-out folder by the path it was found at or by where it really is (a symlinked
+        # folder on either side: files reached through a link to the folder, or the folder named by a link)
+        places = (os.path.abspath(f), os.path.realpath(f))
+        gone = (under and any(p.startswith(under) for p in places)) or (hit and _file_id(str(f)) in hit)
         (out if gone else kept).append(f)
     return kept, out
 

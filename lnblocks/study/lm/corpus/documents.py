@@ -26,27 +26,42 @@ PIECE_BYTES = 1 << 16
 HELD_OUT_WINDOW = 1 << 16  # bytes searched on each side of a file's held-out target for a line start
 ROWS_PER_BATCH = 1024
 _SPACE = frozenset(b" \t\n\r\x0b\x0c")
+_SPACES = tuple(bytes([c]) for c in sorted(_SPACE))  # each whitespace byte, for bytes.find
 _RUN_START = re.compile(rb"(?<=[^ \t\n\r\x0b\x0c])[ \t\n\r\x0b\x0c]")  # a whitespace byte after a non-space
+_LONE_NEWLINE = re.compile(rb"(?<=[^ \t\n\r\x0b\x0c])\n(?=[^ \t\n\r\x0b\x0c])")  # a newline between non-spaces
 
 
-def cut_before(buf: bytes, hi: int) -> int:
-    """A cut ``c`` in ``(0, hi]`` that does not change tokenization: after the last newline between two non-space
-    bytes (a lone newline: GPT-2's ``\\s+(?!\\S)`` would join ``" \\n"`` or ``"\\n\\n"`` at the end of a piece into
-    one pre-token), else at the start of the last whitespace run, else at the last UTF-8 character start; ``hi`` if
-    none."""
+def _last_match(pattern: re.Pattern[bytes], needles: tuple[bytes, ...], buf: bytes, lo: int, hi: int) -> int:
+    """Start of the last match of ``pattern`` (one byte, one of ``needles``, with look-arounds) in ``buf[lo:hi]``,
+    its look-arounds reading only inside ``[lo, hi)``; -1 if none. Scanned backwards in windows that double in
+    size, so a match ``d`` bytes before ``hi`` costs about ``2 d`` bytes read, and a window without any of
+    ``needles`` is skipped by ``bytes.find`` alone: linear in the distance, where rescanning one growing window from
+    ``hi`` was quadratic on text without whitespace."""
+    top, width = hi, 4096
+    while top > lo:
+        start = max(lo, top - width)
+        if any(buf.find(n, start, top) != -1 for n in needles):
+            # endpos top + 1 lets a look-ahead read byte `top` (inside [lo, hi)); matches at >= top were seen before
+            found = [m.start() for m in pattern.finditer(buf, start, min(top + 1, hi)) if m.start() < top]
+            if found:
+                return found[-1]
+        top, width = start, width * 2
+    return -1
+
+
+def cut_before(buf: bytes, hi: int, lo: int = 0) -> int:
+    """A cut ``c`` in ``(lo, hi]`` that does not change tokenization of ``buf[lo:]``: after the last newline between
+    two non-space bytes (a lone newline: GPT-2's ``\\s+(?!\\S)`` would join ``" \\n"`` or ``"\\n\\n"`` at the end
+    of a piece into one pre-token), else at the start of the last whitespace run, else at the last UTF-8 character
+    start; ``hi`` if none. Linear in ``hi - c`` (``_last_match``)."""
     hi = min(hi, len(buf))
-    pos = buf.rfind(b"\n", 0, hi - 1) if hi >= 2 else -1
-    while pos != -1:
-        if buf[pos + 1] not in _SPACE and pos > 0 and buf[pos - 1] not in _SPACE:
-            return pos + 1
-        pos = buf.rfind(b"\n", 0, pos)
-    lo = hi
-    while lo > 1:  # at the start of the last whitespace run ("a" | "   b": GPT-2 splits there too)
-        lo = max(1, lo - 4096)
-        starts = [m.start() for m in _RUN_START.finditer(buf, lo, hi)]
-        if starts:
-            return starts[-1]
-    for c in range(hi, 0, -1):
+    lone = _last_match(_LONE_NEWLINE, (b"\n",), buf, lo + 1, hi)  # a newline at p needs a non-space at p - 1 >= lo
+    if lone != -1:
+        return lone + 1
+    run = _last_match(_RUN_START, _SPACES, buf, lo + 1, hi)  # the start of the last whitespace run ("a" | "   b")
+    if run != -1:
+        return run
+    for c in range(hi, max(lo, hi - 4), -1):  # a UTF-8 character is at most 4 bytes
         if c == len(buf) or (buf[c] & 0xC0) != 0x80:
             return c
     return hi
@@ -104,8 +119,10 @@ def undecodable(paths: list[Path], progress: Any = None) -> list[tuple[Path, int
     return bad
 
 
-def read_pieces(path: Path, start: int, end: int, progress: Any = None) -> Iterator[list[bytes]]:
-    """Bytes ``[start, end)`` of ``path`` as lists of pieces (one list per block), cut where tokenization allows."""
+def read_pieces(path: Path, start: int, end: int, progress: Any = None, *, cuts: bool = True) -> Iterator[list[bytes]]:
+    """Bytes ``[start, end)`` of ``path`` as lists of pieces (one list per block), cut where tokenization allows
+    (``cut_before``); ``cuts=False`` (a tokenizer that maps every byte on its own, ``bytes``): at fixed sizes, no
+    search. Each piece is a slice of its block (no copy of the rest), so a block costs one pass whatever its text."""
     carry = b""
     pos = start
     with open(path, "rb") as f:
@@ -118,18 +135,18 @@ def read_pieces(path: Path, start: int, end: int, progress: Any = None) -> Itera
             if progress is not None:
                 progress.update(len(data))
             buf = carry + data
-            if pos < end:
-                c = cut_before(buf, len(buf))
-                buf, carry = buf[:c], buf[c:]
-            else:
-                carry = b""
+            stop = len(buf)
+            if pos < end and cuts:
+                stop = cut_before(buf, len(buf))
+            buf, carry = buf[:stop], buf[stop:]
             pieces = []
-            while len(buf) > PIECE_BYTES:
-                c = cut_before(buf, PIECE_BYTES)
-                pieces.append(buf[:c])
-                buf = buf[c:]
-            if buf:
-                pieces.append(buf)
+            at = 0
+            while len(buf) - at > PIECE_BYTES:
+                c = cut_before(buf, at + PIECE_BYTES, at) if cuts else at + PIECE_BYTES
+                pieces.append(buf[at:c])
+                at = c
+            if at < len(buf):
+                pieces.append(buf[at:])
             if pieces:
                 yield pieces
 

@@ -17,6 +17,7 @@ import dataclasses
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -218,24 +219,56 @@ def _human(n: int) -> str:
     return ""
 
 
-def clean_command(cache_dir: str | None, keep: str | None, everything: bool) -> int:
-    """``lnblocks data clean [--keep N | --all] [--cache-dir DIR]``: clean the corpus cache and say what went.
-    Without ``--keep``/``--all`` it keeps ``$LNBLOCKS_CORPUS_KEEP`` (default 8) entries. Bad input: ``ValueError``."""
+def _holds_cache(folder: Path) -> bool:
+    """Whether ``folder`` is a corpus cache: an entry (or its lock file), reference losses or the old datasets copy."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return any(ENTRY.match(n.removesuffix(".lock")) or n in ("reference", LEGACY_DATASETS) for n in names)
+
+
+def cache_folder(cache_dir: str | None) -> Path | None:
+    """The corpus cache ``data clean`` cleans: ``cache_dir`` (a ``data.cache_dir``), or its ``corpus/`` when it
+    names the cache root (the folder ``$LNBLOCKS_CACHE`` names: corpora go in its ``corpus/``); without it, the
+    default cache. None for a folder that is neither; ``ValueError`` for one that does not exist."""
     from lnblocks.study.lm.corpus.config import default_cache_dir
 
+    if not cache_dir:
+        return default_cache_dir()
+    folder = Path(os.path.expanduser(cache_dir))
+    if not folder.is_dir():
+        raise ValueError(f"--cache-dir: no such folder: {cache_dir!r}")
+    return next((c for c in (folder, folder / "corpus") if _holds_cache(c)), None)
+
+
+def clean_command(cache_dir: str | None, keep: str | None, everything: bool) -> int:
+    """``lnblocks data clean [--keep N | --all] [--cache-dir DIR]``: clean the corpus cache and say what went.
+    Without ``--keep``/``--all`` it keeps ``$LNBLOCKS_CORPUS_KEEP`` (default 8) entries; with that at 0 (no bound)
+    it keeps every entry and removes only what can never be hit again (older versions of a corpus config, stale
+    reference losses). ``--keep 0`` removes every entry. Bad input: ``ValueError``."""
     if everything and keep is not None:
         raise ValueError("data clean takes --keep N or --all, not both")
     limit: int | None = None
+    unbounded = False
     if not everything:
         limit = keep_limit() if keep is None else _count(keep, "--keep (entries to keep)")
-    folder = Path(os.path.expanduser(cache_dir)) if cache_dir else default_cache_dir()
-    if cache_dir and not folder.is_dir():
-        raise ValueError(f"--cache-dir: no such folder: {cache_dir!r}")
+        unbounded = keep is None and limit == 0  # $LNBLOCKS_CORPUS_KEEP=0: never remove by count
+        limit = sys.maxsize if unbounded else limit
+    folder = cache_folder(cache_dir)
+    if folder is None:  # touch nothing of a folder that is not a cache, and say what was expected
+        print(
+            f"corpus cache {cache_dir}: nothing removed, it holds no corpus cache (no text-<key> or hf_dataset-<key> "
+            "entry, no reference/ folder) and neither does its corpus/ folder; --cache-dir takes a data.cache_dir "
+            "or the folder $LNBLOCKS_CACHE names"
+        )
+        return 0
     done = clean(folder, limit)
     busy = f", {done['in_use']} in use left alone" if done["in_use"] else ""
+    note = f" (${KEEP_ENV}=0: no bound, only entries that can never be used again go)" if unbounded else ""
     print(
         f"corpus cache {folder}: removed {done['removed']} corpus entr{'y' if done['removed'] == 1 else 'ies'} and "
         f"{done['references']} reference-loss file(s), {_human(done['freed_bytes'])} freed; kept {done['kept']} "
-        f"({_human(done['kept_bytes'])}){busy}"
+        f"({_human(done['kept_bytes'])}){busy}{note}"
     )
     return 0

@@ -283,7 +283,7 @@ def _tokenize_into_cache(
     return _summary(folder, meta, cached=not built), lease
 
 
-def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
+def _check_token_files(cfg: CorpusConfig, show_progress: bool, verify: bool) -> CorpusSummary:
     dtype = np.dtype(cfg.token_dtype)
     assert cfg.train_path is not None and cfg.val_path is not None and cfg.vocab_size is not None
     train, val = Path(os.path.expanduser(cfg.train_path)), Path(os.path.expanduser(cfg.val_path))
@@ -294,7 +294,7 @@ def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
             "trained on"
         )
     entry = reference_entry(
-        train, val, dtype, cfg.vocab_size, cache_dir=cfg.resolved_cache_dir, show_progress=show_progress
+        train, val, dtype, cfg.vocab_size, cache_dir=cfg.resolved_cache_dir, show_progress=show_progress, verify=verify
     )
     max_id = entry["max_id"]
     check_vocab(cfg.vocab_size, max_id + 1, cfg.allow_unused_vocab, f"the token files use (max id {max_id:,})")
@@ -314,11 +314,13 @@ def _check_token_files(cfg: CorpusConfig, show_progress: bool) -> CorpusSummary:
 
 
 def _find_or_make(
-    cfg: CorpusConfig | Mapping[str, Any], show_progress: bool, checksums: bool, hold: bool
+    cfg: CorpusConfig | Mapping[str, Any], show_progress: bool, checksums: bool, hold: bool, digest: bool = False
 ) -> tuple[CorpusSummary, Lease | None]:
+    """``checksums``: verify what the cache holds (sha256 of its token files); ``digest``: the summary gives a run
+    its id, so a ``tokens`` corpus's own files are hashed (once per process and file version: a study's driver)."""
     cfg = CorpusConfig.from_dict(cfg, key="data") if not isinstance(cfg, CorpusConfig) else cfg
     if cfg.source == "tokens":
-        return _check_token_files(cfg, show_progress), None
+        return _check_token_files(cfg, show_progress, verify=checksums or digest), None
     return _tokenize_into_cache(cfg, show_progress, checksums, hold)
 
 
@@ -337,8 +339,9 @@ def prepare_corpus(
 
 def corpus_digest(cfg: CorpusConfig | Mapping[str, Any], *, show_progress: bool = False) -> str:
     """The digest of the prepared corpus ``cfg`` describes (``CorpusSummary.digest``; prepared first if it is not in
-    the cache, else found by its cache key: a ``stat`` of each input file): what ``data.corpus`` of a run holds."""
-    summary, _ = _find_or_make(cfg, show_progress, checksums=False, hold=False)
+    the cache, else found by its cache key: a ``stat`` of each input file; a ``tokens`` corpus's files are hashed,
+    once per process while they are unchanged): what ``data.corpus`` of a run holds."""
+    summary, _ = _find_or_make(cfg, show_progress, checksums=False, hold=False, digest=True)
     return summary.digest
 
 

@@ -70,7 +70,7 @@ def tokenize_text(
     with bar(show, total, "B", f"tokenizing {len(files) + len(val_files)} file(s)") as b:
         for split in SPLITS:
             for path, start, end in ranges[split]:
-                for pieces in docs.read_pieces(path, start, end, b):
+                for pieces in docs.read_pieces(path, start, end, b, cuts=tok.kind != BYTES):  # bytes: no cut
                     writers[split].write(tok.encode_pieces(pieces, where=f"files: {str(path)!r}"))
                 if eos is not None:
                     writers[split].write(eos)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from lnblocks.study.core.atomic import write_json_atomic
-from lnblocks.study.lm.corpus.cache import seal, unseal
+from lnblocks.study.lm.corpus.cache import file_sha256, seal, unseal
 from lnblocks.study.lm.corpus.verify import reference_problem
 from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource
 
@@ -124,6 +124,25 @@ def _file_key(path: Path) -> dict[str, Any]:
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+_HASHED: dict[tuple[Any, ...], str] = {}  # this process's sha256 of token files, by _content_stat
+
+
+def _content_stat(path: Path) -> tuple[Any, ...]:
+    """A ``stat`` that changes whenever the bytes may have: inode, size, mtime and ctime (which every write sets
+    and no copy tool can set back, unlike the mtime ``cp -p`` and ``rsync -a`` keep)."""
+    st = path.stat()
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def token_file_sha256(path: Path) -> str:
+    """sha256 of a token file, read at most once per process while its ``_content_stat`` stays the same (a study's
+    driver asks for it twice: for the runs' ids and for the check before the runs)."""
+    key = _content_stat(path)
+    if key not in _HASHED:
+        _HASHED[key] = file_sha256(path)
+    return _HASHED[key]
+
+
 def same_content(a: Path, b: Path, chunk: int = 1 << 24) -> bool:
     """Whether two files hold the same bytes (sizes first: a full read only for files of equal size)."""
     if a.stat().st_size != b.stat().st_size:
@@ -167,10 +186,14 @@ def reference_entry(
     cache_dir: Path | None = None,
     show_progress: bool = False,
     chunk_tokens: int = COUNT_CHUNK_TOKENS,
+    verify: bool = False,
 ) -> dict[str, Any]:
     """``{"reference": {...}, "max_id": ..., "bin_sha256": {"train", "val"}}`` of a pair of token files
     (``reference_losses``, plus the largest id in either file: what ``vocab_size`` is checked against, and each
-    file's sha256: what the corpus digest of a run is made of)."""
+    file's sha256: what the corpus digest of a run is made of). The cache entry is found by both files' path, size
+    and mtime; ``verify`` also hashes the files (``token_file_sha256``) and recounts when their sha256 is not the
+    entry's: new bytes behind the same size and mtime (``cp -p``, ``rsync -a``, a re-extracted archive) then give
+    new sha256s, so a new corpus digest and new run ids."""
     key = {
         "format": REFERENCE_FORMAT,
         "train": _file_key(train_path),
@@ -183,6 +206,8 @@ def reference_entry(
     n_train = token_count(train_path, dtype, "train_path")
     if cached is not None:
         hit = _cached_reference(cached, key, vocab_size, n_train)
+        if hit is not None and verify and _changed_since(hit["bin_sha256"], train_path, val_path, cached):
+            hit = None
         if hit is not None:
             return {"reference": hit["reference"], "max_id": hit["max_id"], "bin_sha256": hit["bin_sha256"]}
     n = n_train + token_count(val_path, dtype, "val_path")
@@ -206,7 +231,24 @@ def reference_entry(
     }
     if cached is not None:
         write_json_atomic(cached, seal({"key": key, **entry}))
+    for p, side in ((train_path, "train"), (val_path, "val")):
+        _HASHED[_content_stat(p)] = entry["bin_sha256"][side]
     return entry
+
+
+def _changed_since(sha: dict[str, str], train_path: Path, val_path: Path, cached: Path) -> bool:
+    """Whether the token files hold other bytes than the reference-loss entry ``cached`` was counted over (said
+    on stderr: it is recounted)."""
+    now = {"train": token_file_sha256(train_path), "val": token_file_sha256(val_path)}
+    changed = [side for side in ("train", "val") if now[side] != sha[side]]
+    if changed:
+        print(
+            f"note: the {' and '.join(changed)} token file(s) changed since {str(cached)!r} was counted (same size "
+            "and mtime, other bytes); recounting them: the corpus digest, and so the run ids, change with them",
+            file=sys.stderr,
+            flush=True,
+        )
+    return bool(changed)
 
 
 def reference_losses(

@@ -1,0 +1,1 @@
+"""Benchmarks of lnblocks' hf (numbers in README.md next to this file)."""

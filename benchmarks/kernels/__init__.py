@@ -1,0 +1,1 @@
+"""Benchmarks of lnblocks' kernels (numbers in README.md next to this file)."""

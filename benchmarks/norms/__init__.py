@@ -1,0 +1,1 @@
+"""Benchmarks of lnblocks' norms (numbers in README.md next to this file)."""

@@ -1,0 +1,208 @@
+"""A decoder layer's ``forward`` as verified source, and compiled again with residual adds rewritten.
+
+``read_forward(cls)`` parses the source of ``cls.forward`` and checks it against the code the class runs: compiled
+again unchanged it must give the same bytecode, and every wrapper above it must be transformers' gradient-checkpointing
+wrapper; a forward that fails (another transformers version, a closure, an unknown decorator) comes back with the
+reason. ``LayerSource.compile(names, helper)`` rewrites the sites of the norms ``names`` (the three statements
+``x = a + b; r = x; x = self.<name>(x)``, matched as syntax trees) into one ``x, r = helper(self.<name>, a, b)`` and
+changes nothing else (compiled with the module's globals, line numbers and ``__future__`` flags).
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import copy
+import functools
+import inspect
+import linecache
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+HELPER = "__lnblocks_add_norm__"  # the name the rewritten forward calls the add + norm helper by
+_FACTORY = f"def __lnblocks_factory__({HELPER}):\n    pass\n"
+
+
+def _target(stmt: ast.stmt) -> str | None:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    return None
+
+
+def _site(a: ast.stmt, b: ast.stmt, c: ast.stmt) -> str | None:
+    """``x = A + B; r = x; x = self.<name>(x)`` -> ``name``, else None."""
+    x = _target(a)
+    if x is None or not (isinstance(a.value, ast.BinOp) and isinstance(a.value.op, ast.Add)):
+        return None
+    r = _target(b)
+    if r is None or r == x or not (isinstance(b.value, ast.Name) and b.value.id == x) or _target(c) != x:
+        return None
+    call = c.value
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "self"
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.Name)
+        and call.args[0].id == x
+        and not call.keywords
+    ):
+        return None
+    return call.func.attr
+
+
+def _sites(fn: ast.FunctionDef) -> list[tuple[list[ast.stmt], int, str]]:
+    """Every add-then-module site in ``fn`` (any nesting): ``(statement list, index of the add, module name)``."""
+    found = []
+    for node in ast.walk(fn):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list):
+                found += [(body, i, n) for i in range(len(body) - 2) if (n := _site(*body[i : i + 3]))]
+    return found
+
+
+def _fuse_sites(fn: ast.FunctionDef, names: Iterable[str]) -> ast.FunctionDef:
+    """A copy of ``fn`` with the sites of ``names`` rewritten to one ``__lnblocks_add_norm__`` call each."""
+    fn = copy.deepcopy(fn)
+    wanted = set(names)
+    for body, i, name in reversed(_sites(fn)):  # from the end: earlier indices stay valid
+        if name not in wanted:
+            continue
+        add, keep = body[i], body[i + 1]
+        call = ast.Call(
+            func=ast.Name(HELPER, ast.Load()),
+            args=[ast.Attribute(ast.Name("self", ast.Load()), name, ast.Load()), add.value.left, add.value.right],
+            keywords=[],
+        )
+        pair = ast.Tuple([ast.Name(_target(add), ast.Store()), ast.Name(_target(keep), ast.Store())], ast.Store())
+        body[i : i + 3] = [ast.copy_location(ast.Assign(targets=[pair], value=call), add)]
+    return ast.fix_missing_locations(fn)
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Same bytecode, names and constants (nested code compared the same way); line numbers do not matter."""
+    fields = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount", "co_kwonlyargcount")
+    if any(getattr(a, f) != getattr(b, f) for f in fields) or len(a.co_consts) != len(b.co_consts):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts):
+        if isinstance(x, types.CodeType) != isinstance(y, types.CodeType):
+            return False
+        if isinstance(x, types.CodeType) and not _same_code(x, y):
+            return False
+        if not isinstance(x, types.CodeType) and (type(x) is not type(y) or x != y):
+            return False
+    return True
+
+
+def _chain(fn: Callable) -> list[Callable]:
+    out = [fn]
+    while hasattr(out[-1], "__wrapped__") and len(out) < 16:
+        out.append(out[-1].__wrapped__)
+    return out
+
+
+@functools.cache
+def _checkpoint_wrapper_code() -> types.CodeType | None:
+    """The code of the wrapper ``GradientCheckpointingLayer.__init_subclass__`` puts around each layer's forward."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return None
+    init = GradientCheckpointingLayer.__dict__.get("__init_subclass__")
+    code = getattr(getattr(init, "__func__", None), "__code__", None)
+    consts = code.co_consts if code is not None else ()
+    name = "forward_with_checkpointing"
+    return next((c for c in consts if isinstance(c, types.CodeType) and c.co_name == name), None)
+
+
+def _is_checkpoint_wrapper(fn: object) -> bool:
+    return inspect.isfunction(fn) and fn.__code__ is _checkpoint_wrapper_code()
+
+
+@dataclass(frozen=True)
+class LayerSource:
+    """A layer class's forward as parsed source, verified against the running code."""
+
+    fn: ast.FunctionDef | None
+    raw: Callable | None
+    sites: tuple[str, ...]
+    reason: str = ""
+
+    def compile(self, fused: Iterable[str], helper: Callable | None) -> Callable:
+        """The forward with the sites of ``fused`` rewritten to calls of ``helper`` (decorators of the source applied
+        again)."""
+        assert self.fn is not None and self.raw is not None
+        factory = ast.parse(_FACTORY)
+        fn = _fuse_sites(self.fn, fused)
+        factory.body[0].body = [fn, ast.Return(ast.Name(fn.name, ast.Load()))]
+        ast.fix_missing_locations(factory)
+        filename = inspect.getsourcefile(self.raw) or "<lnblocks.hf.layer_source>"
+        flags = self.raw.__code__.co_flags & __future__.annotations.compiler_flag  # as the module was compiled
+        code = compile(factory, filename, "exec", flags=flags, dont_inherit=True)
+        namespace: dict = {}
+        exec(code, self.raw.__globals__, namespace)  # the module's globals; the factory lands in `namespace`
+        forward = namespace["__lnblocks_factory__"](helper)
+        inspect.unwrap(forward).__qualname__ = self.raw.__qualname__
+        return forward
+
+
+def _refused(reason: str) -> LayerSource:
+    return LayerSource(None, None, (), reason)
+
+
+@functools.cache
+def _module_tree(filename: str) -> ast.Module | None:
+    try:
+        return ast.parse("".join(linecache.getlines(filename)), filename)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _definition(raw: Callable) -> ast.FunctionDef | str:
+    """The syntax tree of ``raw``'s definition, from its module's source (exact text and line numbers), or why not."""
+    filename = inspect.getsourcefile(raw)
+    tree = _module_tree(filename) if filename else None
+    if tree is None:
+        return "the source of its forward cannot be read"
+    first = raw.__code__.co_firstlineno  # the line of the first decorator
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.FunctionDef)
+            and node.name == raw.__name__
+            and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == first
+        ):
+            return node
+    return "the source of its forward is not where its code says"
+
+
+@functools.cache
+def read_forward(cls: type) -> LayerSource:
+    """Parse and verify ``cls.forward``; ``reason`` says why it cannot be rewritten."""
+    chain = _chain(cls.forward)
+    raw = chain[-1]
+    if not inspect.isfunction(raw):
+        return _refused("its forward is not Python code")
+    if raw.__code__.co_freevars:
+        return _refused(f"its forward is a closure (over {', '.join(raw.__code__.co_freevars)})")
+    fn = _definition(raw)
+    if isinstance(fn, str):
+        return _refused(fn)
+    source_obj = LayerSource(fn, raw, tuple(name for _, _, name in _sites(fn)))
+    try:
+        again = _chain(source_obj.compile((), None))  # unchanged: must be the code the class runs
+    except Exception as err:  # a decorator that cannot be evaluated again
+        return _refused(f"its forward cannot be compiled again ({type(err).__name__}: {err})")
+    head, tail = chain[: len(chain) - len(again)], chain[len(chain) - len(again) :]
+    if len(tail) != len(again) or not all(
+        inspect.isfunction(x) and inspect.isfunction(y) and _same_code(x.__code__, y.__code__)
+        for x, y in zip(tail, again)
+    ):
+        return _refused("its source does not match the code it runs (edited or generated at run time)")
+    if not all(_is_checkpoint_wrapper(w) for w in head):
+        return _refused("its forward is wrapped by something other than transformers' gradient checkpointing")
+    if not source_obj.sites:
+        return _refused("its forward has no residual add followed by a module call (x = a + b; r = x; x = self.m(x))")
+    return source_obj

@@ -1,0 +1,60 @@
+"""What ``lnblocks.hf`` keeps about what it changed, in one place: a ``PatchRecord`` per patched module, a
+``LayerFusion`` per fused layer class.
+
+A patched module carries one instance attribute, ``_lnblocks_patch``, holding its ``PatchRecord`` (besides the
+``forward`` and ``extra_repr`` that make it run lnblocks); a fused decoder layer's class is a generated subclass whose
+one class attribute ``lnblocks_fusion`` is its ``LayerFusion``. Being attributes, both travel with ``copy.deepcopy``
+and pickling; nothing else is stored on the module or on its lnblocks norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from lnblocks.hf.recognition import NormMath
+from lnblocks.norms import Norm
+
+RECORD_KEY = "_lnblocks_patch"  # the instance attribute holding a patched module's PatchRecord
+FUSION_KEY = "lnblocks_fusion"  # the class attribute holding a fused layer class's LayerFusion
+
+
+@dataclass(eq=False)
+class PatchRecord:
+    """A patched module: ``norm`` (the lnblocks norm computing its math on the module's own Parameters), ``math``
+    (what the module computes, as recognised from its class) and ``saved_forward`` (accelerate's ``_old_forward``
+    that the patched forward replaced, put back by ``unpatch_norms``; None without accelerate)."""
+
+    norm: Norm
+    math: NormMath
+    saved_forward: Callable | None = None
+
+
+@dataclass(frozen=True)
+class LayerFusion:
+    """A fused layer class: ``base``, the class it was generated from, and ``norms``, the attribute names of the
+    norms whose preceding residual add its forward fuses."""
+
+    base: type
+    norms: tuple[str, ...]
+
+
+def record_of(module: nn.Module) -> PatchRecord | None:
+    """The ``PatchRecord`` of a patched module, else None."""
+    return module.__dict__.get(RECORD_KEY)
+
+
+def is_patched(module: nn.Module) -> bool:
+    """True if ``module``'s forward currently runs an lnblocks norm."""
+    return RECORD_KEY in module.__dict__
+
+
+def fusion_of(layer: nn.Module) -> LayerFusion | None:
+    """The ``LayerFusion`` of a layer whose class ``fuse_residual=True`` swapped, else None."""
+    return type(layer).__dict__.get(FUSION_KEY)
+
+
+def is_fused(layer: nn.Module) -> bool:
+    return FUSION_KEY in type(layer).__dict__
