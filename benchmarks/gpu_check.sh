@@ -5,10 +5,13 @@
 #   bash benchmarks/gpu_check.sh [--smoke] [OUT_DIR]        # OUT_DIR defaults to $OUT, else ./gpu_check_out
 #
 # Sections, each under its own `timeout` so a slow one cannot starve the rest:
-#   1. tests    the kernel tests (tests/kernels) compiled for the GPU (TRITON_INTERPRET=0), xdist over 8 workers
+#   1. tests    the kernel tests (tests/kernels) compiled for the GPU (TRITON_INTERPRET=0), xdist over 8 workers: every
+#               kind (the gated RMSNorm, l2norm, DyT, Derf, per-head weights included), norm-then-add, the
+#               memory-efficient backward, and Nemotron's LayerNorm under CUDA autocast (a GPU-only test)
 #   2. kernels  benchmarks/kernels/bench_norm_kernels.py: ours vs torch eager, torch.compile, Liger-Kernel (flash-attn,
 #               quack, cuDNN through Transformer Engine where importable), L2 flushed before every repetition, each cell
-#               as % of a copy of the same bytes; targets fwd >= 90%, bwd >= 80% for N >= 2048
+#               as % of a copy of the same bytes; targets fwd >= 90%, bwd >= 80% for N >= 2048; LayerNorm and RMSNorm
+#               at N = 1024 ... 16384, the gated RMSNorm, l2norm, DyT (Liger's too) and Derf at N = 4096 and 16384
 #   3. models   benchmarks/models/bench_gpu_models.py: GPT-2-small bf16 train step (fused vs backend="torch" vs HF
 #               GPT2LMHeadModel; tokens/s, peak memory; under set_sync_debug_mode("error"); in a CUDA graph) and an
 #               HF Llama-shaped fwd+bwd (unpatched vs lnblocks.hf.patch_norms vs Liger's RMSNorm patch)

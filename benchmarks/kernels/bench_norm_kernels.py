@@ -3,8 +3,9 @@ Transformer Engine), as percentages of a device copy of the same bytes.
 
     python benchmarks/kernels/bench_norm_kernels.py [--out PREFIX] [--budget-s 420] [--variants] [--smoke] [--no-flush]
 
-Times forward, backward and forward+backward of every norm in ``contenders.OPS`` (LayerNorm and RMSNorm), with and
-without the fused residual add, in bf16 and fp32, for M = 16384 and 1024 rows and N in {1024, ..., 16384}. Each cell
+Times forward, backward and forward+backward of every norm in ``contenders.OPS`` (LayerNorm, RMSNorm, and the
+gated RMSNorm, l2norm, DyT and Derf at N = 4096 and 16384), with and without the fused residual add (where the kind
+has one), in bf16 and fp32, for M = 16384 and 1024 rows and N in {1024, ..., 16384}. Each cell
 is the median of CUDA-event timings with the L2 cache flushed before every repetition (a 256 MiB write outside the
 timed region, ``benchmarks.common.timing``), reported as time, GB/s of the bytes the pass must move (read x, write y,
 and so on: ``traffic.min_bytes``, the same count for every contender) and percent of a copy that moves the same
@@ -13,13 +14,14 @@ backward may read from L2 what their forward wrote are marked (``bandwidth.l2_ma
 warm L2 and marks every cell that fits in it. Writes ``PREFIX.md``, ``PREFIX.json`` (rewritten after every
 configuration, so an interrupted run keeps what it measured) and ``PREFIX.png``.
 
-Contenders (``contenders.CONTENDERS``): ``ours`` (``lnblocks.kernels.fused_add_norm``), ``torch`` (``x + r`` then
-``F.layer_norm`` / ``F.rms_norm``), ``compile`` (``torch.compile`` of that; skipped once ``--budget-s`` is spent),
-and ``liger``, ``flash-attn``, ``quack`` and ``cudnn (TE)`` where importable (each missing one is named with the
-reason). ``--variants`` checks the single-block limits: ``ours-looped`` (the chunked path forced with
-``max_block_n=4096``) at N = 8192, and ``ours-single`` (one block of 16384, the tile that spills 88-784 bytes, see
-kernel_resources.py) at N = 16384, where ``ours`` loops. Without CUDA (or with ``--smoke``) it runs a tiny CPU
-version in seconds, the kernels under ``TRITON_INTERPRET=1``.
+Contenders (``contenders.CONTENDERS``): ``ours`` (``lnblocks.kernels.fused_add_norm``, ``fused_gated_rms_norm``),
+``torch`` (``x + r`` then ``F.layer_norm`` / ``F.rms_norm``, or the kind's torch ops), ``compile``
+(``torch.compile`` of that; skipped once ``--budget-s`` is spent), and ``liger``, ``flash-attn``, ``quack`` and
+``cudnn (TE)`` where importable (each missing one is named with the reason). ``--variants`` checks the single-block
+limits: ``ours-looped`` (the chunked path forced with ``max_block_n=4096``) at N = 8192, and ``ours-single`` (one
+block of 16384, the tile that spills 88-784 bytes, see kernel_resources.py) at N = 16384, where ``ours`` loops.
+Without CUDA (or with ``--smoke``) it runs a tiny CPU version in seconds, the kernels under ``TRITON_INTERPRET=1``
+(the new kinds without their residual form there).
 """
 
 from __future__ import annotations
@@ -180,8 +182,8 @@ def main() -> None:
         dict(norm=norm, residual=res, dtype=dt, M=m, N=n)
         for dt in dtypes
         for norm in args.ops
-        for res in (False, True)
-        for n in ns
+        for res in ((False, True) if OPS[norm].takes_residual and not (smoke and OPS[norm].sizes) else (False,))
+        for n in (ns if smoke or OPS[norm].sizes is None else OPS[norm].sizes)
         for m in ms
     ]
     for i, cfg in enumerate(configs):

@@ -43,24 +43,45 @@ Eager = Callable[[Tensor, Tensor | None, Tensor | None, dict[str, Tensor], float
 
 @dataclass(frozen=True)
 class NormOp:
-    """One norm the benchmark times: its defaults, lnblocks' spec, torch's own ops and the bytes its math moves."""
+    """One norm the benchmark times: its defaults, lnblocks' spec, torch's own ops and the bytes its math moves.
+
+    ``extra``: the kind's own operands (``"gate"``: shaped like x; ``"alpha"``, ``"shift"``: learnable scalars);
+    ``weight``/``bias``: whether it has them (bias: LayerNorm's by default); ``takes_residual``: whether it has a
+    fused-residual form (the gated norm has none); ``sizes``: the N it is timed at on the GPU (None: every N).
+    """
 
     name: str
     eps: float
-    layer_norm: bool  # subtracts the mean: a bias operand and a second fp32 statistic per row
-    spec: Callable[[float], object]  # eps -> the lnblocks NormSpec that ``fused_add_norm`` runs
+    layer_norm: bool  # subtracts the mean: a second fp32 statistic per row (and, by default, a bias)
+    spec: Callable[[float], object]  # eps -> the lnblocks NormSpec that the fused entry point runs
     eager: Eager  # torch's own ops on h = x (+ residual)
+    extra: tuple[str, ...] = ()
+    weight: bool = True
+    bias: bool | None = None
+    takes_residual: bool = True
+    sizes: tuple[int, ...] | None = None
+
+    @property
+    def has_bias(self) -> bool:
+        return self.layer_norm if self.bias is None else self.bias
 
     def inputs(self, m: int, n: int, dtype: torch.dtype, device: torch.device, residual: bool) -> Inputs:
-        def leaf(*shape: int) -> Tensor:
-            return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+        def leaf(*shape: int, value: float | None = None) -> Tensor:
+            t = torch.randn(*shape, device=device, dtype=dtype) if value is None else torch.full(
+                shape, value, device=device, dtype=dtype)  # fmt: skip
+            return t.requires_grad_()
 
-        return Inputs(leaf(m, n), leaf(m, n) if residual else None, leaf(n), leaf(n) if self.layer_norm else None)
+        scalars = {"alpha": 0.5, "shift": 0.1}
+        extra = {k: leaf(m, n) if k == "gate" else leaf(1, value=scalars[k]) for k in self.extra}
+        return Inputs(leaf(m, n), leaf(m, n) if residual else None, leaf(n) if self.weight else None,
+                      leaf(n) if self.has_bias else None, extra)  # fmt: skip
 
     def operands(self, n: int, elem: int, residual: bool) -> Operands:
         """The byte count (``traffic.min_bytes``) every contender's time is divided by."""
-        bias = elem if self.layer_norm else 0
-        return Operands(n, elem, elem if residual else 0, elem, bias, elem, False, self.layer_norm)
+        scalars = sum(k in ("alpha", "shift") for k in self.extra)
+        return Operands(n, elem, elem if residual else 0, elem if self.weight else 0, elem if self.has_bias else 0,
+                        elem, False, self.layer_norm, gate=elem if "gate" in self.extra else 0,
+                        scalars=scalars)  # fmt: skip
 
 
 def _layer_norm(h: Tensor, weight: Tensor | None, bias: Tensor | None, extra: dict, eps: float) -> Tensor:
@@ -71,19 +92,45 @@ def _rms_norm(h: Tensor, weight: Tensor | None, bias: Tensor | None, extra: dict
     return F.rms_norm(h, h.shape[-1:], weight, eps)
 
 
-def _spec(name: str) -> Callable[[float], object]:
-    def make(eps: float) -> object:
-        from lnblocks.norms import spec
+def _gated_rms_norm(h: Tensor, weight: Tensor | None, bias: Tensor | None, extra: dict, eps: float) -> Tensor:
+    """``MambaRMSNormGated``'s ops: the gate before the norm, RMS in fp32, the weight after the cast back."""
+    g = h.float() * F.silu(extra["gate"].float())
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * g.to(h.dtype)
 
-        return getattr(spec, name)(eps=eps)
+
+def _dyt(h: Tensor, weight: Tensor | None, bias: Tensor | None, extra: dict, eps: float) -> Tensor:
+    return (torch.tanh(extra["alpha"].float() * h.float()) * weight.float() + bias.float()).to(h.dtype)
+
+
+def _derf(h: Tensor, weight: Tensor | None, bias: Tensor | None, extra: dict, eps: float) -> Tensor:
+    u = extra["alpha"].float() * h.float() + extra["shift"].float()
+    return (torch.erf(u) * weight.float() + bias.float()).to(h.dtype)
+
+
+def _spec(name: str) -> Callable[[float], object]:
+    """eps -> the spec: a spec class of ``lnblocks.norms.spec`` given eps, or a kind without one (DyT, Derf)."""
+
+    def make(eps: float) -> object:
+        from lnblocks.norms import norm_spec, spec
+
+        return norm_spec(name) if name in spec.SPEC_TYPES else getattr(spec, name)(eps=eps)
 
     return make
 
 
+# The 2025-26 kinds are timed at two widths (of a Mamba2 head group / a hidden size and a wide one): their tables
+# double the run otherwise.
+_NEW_SIZES = (4096, 16384)
 OPS: dict[str, NormOp] = {
     "layernorm": NormOp("layernorm", 1e-5, True, _spec("LayerNormSpec"), _layer_norm),
     "rmsnorm": NormOp("rmsnorm", 1e-6, False, _spec("RMSNormSpec"), _rms_norm),
-}
+    "gated_rmsnorm": NormOp("gated_rmsnorm", 1e-6, False, _spec("GatedRMSNormSpec"), _gated_rms_norm, ("gate",),
+                            takes_residual=False, sizes=_NEW_SIZES),
+    "l2norm": NormOp("l2norm", 1e-6, False, _spec("L2NormSpec"), _rms_norm, weight=False, sizes=_NEW_SIZES),
+    "dyt": NormOp("dyt", 0.0, False, _spec("dyt"), _dyt, ("alpha",), bias=True, sizes=_NEW_SIZES),
+    "derf": NormOp("derf", 0.0, False, _spec("derf"), _derf, ("alpha", "shift"), bias=True, sizes=_NEW_SIZES),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -116,11 +163,13 @@ def _ours(max_block_n: int | None = None, only_n: int | None = None) -> Builder:
     def build(op: NormOp, ctx: Context) -> Built:
         if only_n is not None and not (ctx.variants and ctx.n == only_n):
             return None
-        from lnblocks.kernels import fused_add_norm
+        from lnblocks.kernels import fused_add_norm, fused_gated_rms_norm
 
         spec = op.spec(op.eps)
         tile = {} if max_block_n is None else {"max_block_n": max_block_n}
-        return lambda t: fused_add_norm(t.x, t.residual, t.weight, t.bias, spec, **tile)
+        if "gate" in op.extra:
+            return lambda t: fused_gated_rms_norm(t.x, t.extra["gate"], t.weight, spec, **tile)
+        return lambda t: fused_add_norm(t.x, t.residual, t.weight, t.bias, spec, **tile, **t.extra)
 
     return build
 
@@ -168,6 +217,12 @@ def _liger_layer_norm(op: NormOp) -> Fn:
     from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 
     return _with_residual(op, lambda h, t: LigerLayerNormFunction.apply(h, t.weight, t.bias, op.eps))
+
+
+def _liger_dyt(op: NormOp) -> Fn:
+    from liger_kernel.ops.dyt import LigerDyTFunction  # (x, alpha, gamma, beta)
+
+    return _with_residual(op, lambda h, t: LigerDyTFunction.apply(h, t.extra["alpha"], t.weight, t.bias))
 
 
 def _liger_rms_norm(op: NormOp) -> Fn:
@@ -241,7 +296,7 @@ def _transformer_engine(op: NormOp) -> Fn:
     return _with_residual(op, norm)
 
 
-_LIGER = {"layernorm": _liger_layer_norm, "rmsnorm": _liger_rms_norm}
+_LIGER = {"layernorm": _liger_layer_norm, "rmsnorm": _liger_rms_norm, "dyt": _liger_dyt}
 _FLASH_ATTN = {"layernorm": _flash_attn_norm, "rmsnorm": _flash_attn_norm}
 _QUACK = {"layernorm": _quack_layer_norm, "rmsnorm": _quack_rms_norm}
 _TRANSFORMER_ENGINE = {"layernorm": _transformer_engine, "rmsnorm": _transformer_engine}

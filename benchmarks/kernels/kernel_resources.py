@@ -7,10 +7,11 @@ values, layouts, register pressure). ``triton.compile`` with an explicit ``GPUTa
 ptxas included, on a machine with no GPU; ``cuobjdump`` (bundled with Triton) reads registers per thread and the
 stack frame (spills) from the cubin. The kernel arguments come from the same ``fwd_kernel_args``/``bwd_kernel_args``
 the real launches use, fed with ``meta`` tensors, so every configuration dispatch can pick is compiled: LayerNorm and
-RMSNorm x fp32/bf16/fp16 x {plain, residual, residual + dropout, dropout, zero-centred} x N = 64 ... 65536, forward and
-backward. Occupancy is resident programs per SM from the register file (65536 per SM, allocated per warp in units of
-256), threads (2048 per SM), blocks (32 per SM) and shared memory (164 KiB on sm_80, 228 KiB on sm_90, 1 KiB reserved
-per block).
+RMSNorm x fp32/bf16/fp16 x {plain, residual, residual + dropout, dropout, zero-centred, norm-then-add,
+memory-efficient}, and the gated RMSNorm (gate before / after), l2norm (mean / sum), DyT and Derf (plain / residual),
+x N = 64 ... 65536, forward and backward. Occupancy is resident programs per SM from the register file (65536 per
+SM, allocated per warp in units of 256), threads (2048 per SM), blocks (32 per SM) and shared memory (164 KiB on
+sm_80, 228 KiB on sm_90, 1 KiB reserved per block).
 
 Exits 1 when any configuration with N <= 32768 spills (stack bytes > 0), 2 when Triton's NVIDIA tools are missing.
 Results are cached per compiled specialisation (benchmarks/.cache/, keyed by Triton's version, the kernel sources
@@ -41,13 +42,23 @@ import torch
 import triton
 
 DTYPES = ("float32", "bfloat16", "float16")
-# the fused LayerNorm/RMSNorm kernel: variant -> (residual, dropout, zero_centered)
-NORM_VARIANTS = {
-    "plain": (False, False, False),
-    "residual": (True, False, False),
-    "res+dropout": (True, True, False),
-    "dropout": (False, True, False),
-    "zero-centred": (True, False, True),
+# the fused LayerNorm/RMSNorm kernel: variant -> its options (a residual, dropout, a zero-centred weight, the residual
+# added after the norm with y not written, the memory-efficient backward)
+NORM_VARIANTS: dict[str, dict[str, bool]] = {
+    "plain": {},
+    "residual": {"residual": True},
+    "res+dropout": {"residual": True, "dropout": True},
+    "dropout": {"dropout": True},
+    "zero-centred": {"residual": True, "zero_centered": True},
+    "norm-then-add": {"residual": True, "norm_then_add": True},
+    "memory-efficient": {"residual": True, "memory_efficient": True},
+}
+# the kinds of the 2025-26 families, on the same kernels: variant -> (preset, spec options, residual)
+KIND_VARIANTS: dict[str, dict[str, tuple[str, dict, bool]]] = {
+    "gated_rmsnorm": {"gate-before": ("mamba2_gated", {}, False), "gate-after": ("qwen3_next_gated", {}, False)},
+    "l2norm": {"mean": ("l2norm", {}, False), "sum": ("l2norm", {"reduction": "sum"}, False)},
+    "dyt": {"plain": ("dyt", {}, False), "residual": ("dyt", {}, True)},
+    "derf": {"plain": ("derf", {}, False), "residual": ("derf", {}, True)},
 }
 N_VALUES = tuple(2**k for k in range(6, 17))  # 64 ... 65536
 SPILL_FREE_UP_TO = 32768
@@ -103,34 +114,60 @@ def kernel_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
 
 def _norm_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
     """One launch of the fused LayerNorm/RMSNorm kernels (``lnblocks.kernels.jit``)."""
-    from lnblocks.kernels.jit import norm_bwd_kernel, norm_fwd_kernel
-    from lnblocks.kernels.launch import bwd_config, bwd_kernel_args, fwd_kernel_args
-    from lnblocks.kernels.plan import make_plan
     from lnblocks.norms.spec import LayerNormSpec, RMSNormSpec
 
-    residual, dropout, zero_centered = NORM_VARIANTS[cfg.variant]
+    options = NORM_VARIANTS[cfg.variant]
+    spec_options = {"zero_centered": options.get("zero_centered", False)}
+    spec_options["memory_efficient"] = options.get("memory_efficient", False)
+    spec = (RMSNormSpec if cfg.kind == "rmsnorm" else LayerNormSpec)(eps=1e-5, **spec_options)
+    return _launch(cfg, spec, options.get("residual", False), options.get("dropout", False),
+                   options.get("norm_then_add", False))  # fmt: skip
+
+
+def _kind_call(cfg: Config) -> tuple[Any, dict[str, Any]]:
+    """One launch of a 2025-26 kind (gated RMSNorm, l2norm, DyT, Derf) on the same kernels."""
+    from lnblocks.norms import norm_spec
+
+    preset, options, residual = KIND_VARIANTS[cfg.kind][cfg.variant]
+    return _launch(cfg, norm_spec(preset, **options), residual, False, False)
+
+
+def _launch(cfg: Config, spec: Any, residual: bool, dropout: bool, norm_then_add: bool) -> tuple[Any, dict[str, Any]]:
+    """The kernel and its launcher's keyword arguments for ``spec``, fed with ``meta`` tensors (M = 4096)."""
+    from lnblocks.kernels.jit import norm_bwd_kernel, norm_fwd_kernel
+    from lnblocks.kernels.launch import bwd_config, bwd_kernel_args, fwd_kernel_args, heavy_backward
+    from lnblocks.kernels.plan import make_plan
+
     dtype = getattr(torch, cfg.dtype)
-    is_rms = cfg.kind == "rmsnorm"
-    spec = (RMSNormSpec if is_rms else LayerNormSpec)(eps=1e-5, zero_centered=zero_centered)
-    plan = make_plan(spec, dtype, dtype if residual else None, dtype, None, 0.1 if dropout else 0.0)
     m, n = 4096, cfg.n
 
     def meta(shape, dt=dtype):
         return torch.empty(shape, dtype=dt, device="meta")
 
-    x, w, stats = meta((m, n)), meta((n,)), meta((m,), torch.float32)
+    affine = getattr(spec, "elementwise_affine", False)
+    x, stats, w = meta((m, n)), meta((m,), torch.float32), meta((n,)) if affine else None
+    b = meta((n,)) if affine and getattr(spec, "bias", False) else None
+    gate = meta((m, n)) if spec.kind == "gated_rmsnorm" else None
+    alpha = meta((1,)) if spec.kind in ("dyt", "derf") else None
+    shift = meta((1,)) if spec.kind == "derf" else None
+    plan = make_plan(spec, dtype, dtype if residual else None, None if w is None else dtype, None,
+                     0.1 if dropout else 0.0, norm_then_add=norm_then_add, write_y=not norm_then_add)  # fmt: skip
     seed = meta((1,), torch.int64) if dropout else None
-    b = None if is_rms else meta((n,))
+    mean = None if plan.is_rms else stats  # (the memory-efficient backward reads none)
+    rstd = None if plan.pointwise else stats
     if cfg.direction == "fwd":
-        _, kwargs = fwd_kernel_args(
-            plan, x, x if residual else None, w, b, seed, x, x if residual else None, None if is_rms else stats, stats
-        )
+        _, kwargs = fwd_kernel_args(plan, x, x if residual else None, w, b, seed, x, x if residual else None, mean,
+                                    rstd, gate=gate, alpha=alpha, shift=shift)  # fmt: skip
         return norm_fwd_kernel, kwargs
-    launch = bwd_config(n, 0, dropout)
+    launch = bwd_config(n, 0, dropout, heavy_backward(plan))
     part = meta((132, n), torch.float32)
+    scalar_part = meta((132,), torch.float32) if alpha is not None else None
     kwargs = bwd_kernel_args(
-        plan, x, x if residual else None, x, w, seed, None if is_rms else stats, stats, x,
-        x if plan.separate_dresidual else None, part, None if is_rms else part, rows_per_program=32, cfg=launch,
+        plan, x, x if residual else None, x, w, seed, None if plan.memory_efficient else mean, rstd, x,
+        x if plan.separate_dresidual else None,
+        part if w is not None else None, part if b is not None else None, rows_per_program=32, cfg=launch, bias=b,
+        gate=gate, dgate=gate, alpha=alpha, shift=shift, dalpha_part=scalar_part,
+        dshift_part=scalar_part if shift is not None else None, from_output=plan.memory_efficient,
     )  # fmt: skip
     return norm_bwd_kernel, kwargs
 
@@ -170,6 +207,7 @@ class Kernel:
 KERNELS: dict[str, Kernel] = {
     "layernorm": Kernel(tuple(NORM_VARIANTS), _norm_call),
     "rmsnorm": Kernel(tuple(NORM_VARIANTS), _norm_call),
+    **{kind: Kernel(tuple(variants), _kind_call) for kind, variants in KIND_VARIANTS.items()},
 }
 VARIANTS = tuple(dict.fromkeys(v for k in KERNELS.values() for v in k.variants))
 

@@ -14,8 +14,11 @@ count. ``kernel_bytes`` is what lnblocks' kernels move instead: the same, plus t
 persistent backward (each written once and read once by the final sum), and, on the looped path for rows wider than
 one register block, the second read of the row (forward pass 2; backward pass B) and the per-row read-modify-write
 of the program's partial dW/dB row (which stays in L2). The dropout mask costs nothing: it is recomputed from the
-seed (flash-attn's scheme). ``tests/kernels/test_kernel_traffic.py`` checks these counts against the tensors the
-launchers really allocate and pass.
+seed (flash-attn's scheme). The gated norm reads its gate and writes its gradient; DyT/Derf write no statistics and
+one partial per program and scalar; norm-then-add writes y only when asked and its backward reads the new residual's
+gradient (y's, if y was used); the memory-efficient backward reads y and the bias instead of the input and the mean.
+``tests/kernels/test_kernel_traffic.py`` checks these counts against the tensors the launchers really allocate and
+pass.
 """
 
 from __future__ import annotations
@@ -33,7 +36,14 @@ STAT_BYTES = 4  # fp32 mean / rstd per row
 
 @dataclass(frozen=True)
 class Operands:
-    """Element sizes (bytes) of one call; ``residual``/``weight``/``bias`` 0 when absent."""
+    """Element sizes (bytes) of one call; ``residual``/``weight``/``bias``/``gate`` 0 when absent.
+
+    ``scalars``: learnable one-element parameters (DyT's alpha; Derf's alpha and shift), which also mean no
+    statistics. ``groups``: statistics per group (a row holds ``groups`` of them). ``norm_then_add``: the residual is
+    added after the norm, ``residual + y`` (y written only with ``write_y``; the residual's gradient is the new
+    residual's, no kernel work). ``memory_efficient``: the backward reads y (and the bias) instead of the input and
+    no mean.
+    """
 
     n: int
     x: int = 2
@@ -44,57 +54,83 @@ class Operands:
     dropout: bool = False
     layer_norm: bool = True
     residual_in_fp32: bool = False
+    gate: int = 0
+    scalars: int = 0
+    groups: int = 1
+    norm_then_add: bool = False
+    write_y: bool = True
+    memory_efficient: bool = False
 
     @property
     def stream(self) -> int:
         """Element size of the new residual (the norm's input when there is a residual)."""
         if not self.residual:
             return self.x
-        return 4 if self.residual_in_fp32 else max(self.x, self.residual)
+        return 4 if self.residual_in_fp32 else max(self.out if self.norm_then_add else self.x, self.residual)
+
+    @property
+    def saved(self) -> int:
+        """Element size of what the backward rebuilds x_hat from: y, x, or the new residual."""
+        if self.memory_efficient:
+            return self.out
+        return self.x if self.norm_then_add else self.stream
 
     @property
     def separate_dresidual(self) -> bool:
-        return bool(self.residual) and (self.dropout or self.residual != self.x)
+        return bool(self.residual) and not self.norm_then_add and (self.dropout or self.residual != self.x)
 
     @property
     def stats(self) -> int:
-        return STAT_BYTES * (2 if self.layer_norm else 1)
+        """fp32 statistics per row the forward writes (rstd, and mean for LayerNorm; per group); none point-wise."""
+        return 0 if self.scalars else STAT_BYTES * (2 if self.layer_norm else 1) * self.groups
+
+    @property
+    def stats_read(self) -> int:
+        """Statistics the backward reads: the memory-efficient one needs no mean."""
+        return STAT_BYTES * self.groups if self.memory_efficient else self.stats
 
 
 def min_bytes(direction: str, m: int, op: Operands) -> int:
     """Bytes the math needs for ``m`` rows (``direction``: fwd, bwd or fwd+bwd), the same for every contender."""
     n = op.n
-    params = n * (op.weight + op.bias)
+    params = n * (op.weight + op.bias) + op.scalars * op.weight
     if direction == "fwd+bwd":
         return min_bytes("fwd", m, op) + min_bytes("bwd", m, op)
     if direction == "fwd":
-        per_row = n * (op.x + op.residual + op.out) + (n * op.stream if op.residual else 0) + op.stats
+        per_row = n * (op.x + op.residual + op.gate) + (n * op.out if op.write_y else 0) + op.stats
+        per_row += n * op.stream if op.residual else 0  # the new residual
         return m * per_row + params
     if direction == "bwd":
-        z = op.stream
-        per_row = n * (z + op.out + op.x) + op.stats
+        dy = n * op.out if op.write_y else 0  # norm-then-add without y: only the new residual's gradient
+        per_row = n * (op.saved + op.x + 2 * op.gate) + dy + op.stats_read  # (+ the gate, read, and its gradient)
         if op.residual:
-            per_row += n * z  # the new residual's gradient
+            per_row += n * op.stream  # the new residual's gradient
         if op.separate_dresidual:
             per_row += n * op.residual
-        grads = n * 4 * ((1 if op.weight else 0) + (1 if op.bias else 0))  # dW, dB written once (fp32 sums)
-        return m * per_row + n * op.weight + grads  # the backward reads the weight, not the bias
+        grads = n * 4 * ((1 if op.weight else 0) + (1 if op.bias else 0)) + 4 * op.scalars  # fp32 sums, once
+        read = n * op.weight + op.scalars * op.weight + (n * op.bias if op.memory_efficient else 0)
+        return m * per_row + read + grads  # the default backward reads the weight, not the bias
     raise ValueError(f"direction must be 'fwd', 'bwd' or 'fwd+bwd', got {direction!r}")
 
 
 def kernel_bytes(direction: str, m: int, op: Operands, *, looped: bool = False, programs: int = 0) -> int:
-    """Bytes lnblocks' kernels move for ``m`` rows: ``min_bytes`` plus the partial dW/dB rows of ``programs``
-    backward programs and, when ``looped``, the re-reads and per-row partial-row updates of the chunked path."""
+    """Bytes lnblocks' kernels move for ``m`` rows: ``min_bytes`` plus the partial dW/dB (and d_alpha/d_shift) rows
+    of ``programs`` backward programs and, when ``looped``, the re-reads and per-row partial-row updates of the
+    chunked path (the point-wise kinds have no statistics: their loop is one pass)."""
     if direction == "fwd+bwd":
         return kernel_bytes("fwd", m, op, looped=looped) + kernel_bytes("bwd", m, op, looped=looped, programs=programs)
     total = min_bytes(direction, m, op)
     n = op.n
+    two_pass = looped and not op.scalars
     if direction == "fwd":
-        return total + (m * n * (op.x + op.residual) if looped else 0)  # pass 2 re-reads x (and r)
+        return total + (m * n * (op.x + op.residual + op.gate) if two_pass else 0)  # pass 2 re-reads x (r, gate)
     accumulators = (1 if op.weight else 0) + (1 if op.bias else 0)
     total += 2 * programs * n * 4 * accumulators  # partial rows: written by the kernel, read by the final sum
+    total += 2 * programs * 4 * op.scalars  # one partial per program and scalar
+    if two_pass:
+        total += m * n * (op.saved + (op.out if op.write_y else 0) + op.gate)  # pass B re-reads z, dy (and the gate)
+        total += m * n * op.stream if op.norm_then_add else 0  # and the new residual's gradient, y's source there
     if looped:
-        total += m * n * (op.stream + op.out)  # pass B re-reads z and dy
         total += m * 2 * n * 4 * accumulators  # per-row read-modify-write of the program's partial row
     return total
 
@@ -171,11 +207,36 @@ def _norm_rows(kind: str, layer_norm: bool, biases: tuple[bool, ...]) -> tuple[K
     return tuple(rows)
 
 
+def _kind_rows() -> tuple[KernelRow, ...]:
+    """The 2025-26 kinds and call forms: one row per variant, bf16 or fp32 alike (``e`` is the element size)."""
+    variants = {
+        ("Gated RMSNorm", "gate"): lambda n, e: Operands(n, e, 0, e, 0, e, layer_norm=False, gate=e),
+        ("Gated RMSNorm", "gate, 32 groups"): lambda n, e: Operands(n, e, 0, e, 0, e, layer_norm=False, gate=e,
+                                                                     groups=32),
+        ("L2Norm", "plain"): lambda n, e: Operands(n, e, 0, 0, 0, e, layer_norm=False),
+        ("DyT", "bias"): lambda n, e: Operands(n, e, 0, e, e, e, scalars=1),
+        ("DyT", "bias, residual"): lambda n, e: Operands(n, e, e, e, e, e, scalars=1),
+        ("Derf", "bias"): lambda n, e: Operands(n, e, 0, e, e, e, scalars=2),
+        ("Derf", "bias, residual"): lambda n, e: Operands(n, e, e, e, e, e, scalars=2),
+        ("LayerNorm", "bias, norm then add"): lambda n, e: Operands(n, e, e, e, e, e, norm_then_add=True,
+                                                                     write_y=False),
+        ("RMSNorm", "norm then add, y written"): lambda n, e: Operands(n, e, e, e, 0, e, layer_norm=False,
+                                                                        norm_then_add=True),
+        ("LayerNorm", "bias, residual, memory-efficient"): lambda n, e: Operands(n, e, e, e, e, e,
+                                                                                  memory_efficient=True),
+        ("RMSNorm", "residual, memory-efficient"): lambda n, e: Operands(n, e, e, e, 0, e, layer_norm=False,
+                                                                          memory_efficient=True),
+        ("RMSNorm", "per head, 32 heads"): lambda n, e: Operands(n, e, 0, e, 0, e, layer_norm=False, groups=32),
+    }  # fmt: skip
+    return tuple(KernelRow(kind, variant, operands) for (kind, variant), operands in variants.items())
+
+
 # Every kernel of the table, in its order. A new kernel is one more entry: its variants' Operands (and, if it moves
 # other tensors than these, a field of Operands and its term in min_bytes / kernel_bytes).
 KERNEL_ROWS: tuple[KernelRow, ...] = (
     *_norm_rows("LayerNorm", True, (True, False)),
     *_norm_rows("RMSNorm", False, (False,)),
+    *_kind_rows(),
 )
 
 

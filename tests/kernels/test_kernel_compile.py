@@ -104,15 +104,21 @@ def test_opcheck_backward_ops() -> None:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-# A slice of benchmarks/kernels/kernel_resources.py's table: the widest single-block rows and the looped path, fp32 (the
-# most register pressure) and bf16, every variant that changes the kernel's code (residual, dropout with and
-# without a residual), both kernels, both norms, for sm_90.
-_SLICE = [
-    "--arch", "90", "--n", "16384", "65536", "--dtype", "float32", "bfloat16", "--variant", "res+dropout", "dropout",
-]  # fmt: skip
+# Slices of benchmarks/kernels/kernel_resources.py's table, for sm_90: the widest single-block rows and the looped
+# path, fp32 (the most register pressure) and bf16, every variant that changes the kernel's code (residual, dropout
+# with and without a residual), both kernels, both norms; and the backwards that keep more arrays live (the gate, the
+# point-wise activation's derivative, the rebuilt x_hat) around their single-block limit, fp32.
+_SLICES = {
+    "norms": (["--n", "16384", "65536", "--dtype", "float32", "bfloat16", "--variant", "res+dropout", "dropout"],
+              2 * 2 * 2 * 2 * 2),  # directions x kinds x sizes x dtypes x variants
+    "heavy": (["--n", "4096", "8192", "--dtype", "float32", "--kind", "layernorm", "gated_rmsnorm", "derf",
+               "--variant", "memory-efficient", "gate-before", "residual"], 2 * 4 * 2),  # directions x (kind, variant)
+    # x sizes: layernorm memory-efficient and residual, gated gate-before, derf residual
+}  # fmt: skip
 
 
-def test_kernel_resources_slice_compiles_without_spills(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slice_name", list(_SLICES))
+def test_kernel_resources_slice_compiles_without_spills(slice_name: str, tmp_path: Path) -> None:
     """Triton's real compiler + ptxas on the kernels (the interpreter checks neither types nor registers)."""
     script = ROOT / "benchmarks" / "kernels" / "kernel_resources.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -124,7 +130,7 @@ def test_kernel_resources_slice_compiles_without_spills(tmp_path: Path) -> None:
         pytest.skip(f"Triton's NVIDIA tools (ptxas, cuobjdump) are not installed: {probe.stderr[-300:]}")
     out = tmp_path / "resources.json"
     proc = subprocess.run(
-        [sys.executable, str(script), *_SLICE, "--no-cache", "--json", str(out)],
+        [sys.executable, str(script), "--arch", "90", *_SLICES[slice_name][0], "--no-cache", "--json", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -132,7 +138,7 @@ def test_kernel_resources_slice_compiles_without_spills(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 2 * 2 * 2 * 2 * 2  # directions x kinds x sizes x dtypes x variants
+    assert len(rows) == _SLICES[slice_name][1]
     for r in rows:
         name = f"{r['direction']} {r['kind']} {r['dtype']} {r['variant']} N={r['n']}"
         assert 0 < r["registers"] <= 255, f"{name}: {r['registers']} registers"
