@@ -275,7 +275,7 @@ def bwd_kernel_args(
     dw_part: Tensor | None, db_part: Tensor | None, *, rows_per_program: int, cfg: LaunchConfig,
     bias: Tensor | None = None, gate: Tensor | None = None, dgate: Tensor | None = None,
     alpha: Tensor | None = None, shift: Tensor | None = None, dalpha_part: Tensor | None = None,
-    dshift_part: Tensor | None = None, from_output: bool = False, has_db: bool | None = None,
+    dshift_part: Tensor | None = None, from_output: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments of ``norm_bwd_kernel`` (compiled ahead of time by benchmarks/kernels/kernel_resources.py)."""
     m, n = z.shape
@@ -292,7 +292,7 @@ def bwd_kernel_args(
         IS_RMS=plan.is_rms, HAS_W=weight is not None, ZERO_CENTERED=plan.zero_centered_mode, HAS_DROPOUT=p > 0,
         RECOMPUTE_DROPOUT=not plan.has_residual and p > 0 and not from_output,
         HAS_DRES_OUT=dres_out is not None, STORE_DRES=dres is not None, COMPUTE_DW=dw_part is not None,
-        COMPUTE_DB=db_part is not None, ROUND_MODE=plan.round_mode, Z_DTYPE=tl_dtype(_norm_input_dtype(plan)),
+        COMPUTE_DB=db_part is not None, ROUND_MODE=plan.round_mode, Z_DTYPE=tl_dtype(plan.norm_dtype),
         W_DTYPE=tl_dtype(weight.dtype if weight is not None else z.dtype), DX_DTYPE=tl_dtype(dx.dtype),
         DRES_DTYPE=tl_dtype(dres.dtype if dres is not None else dx.dtype), RNE=interpreter_rne(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SINGLE_BLOCK=cfg.single_block, num_warps=cfg.num_warps,
@@ -305,11 +305,6 @@ def bwd_kernel_args(
         DG_DTYPE=tl_dtype(dgate.dtype if dgate is not None else dx.dtype),
     )
 # fmt: on
-
-
-def _norm_input_dtype(plan: NormPlan) -> torch.dtype:
-    """Dtype of the tensor the norm normalised (the rounding ``ROUND_TO_INPUT`` reproduces)."""
-    return plan.norm_dtype
 
 
 def launch_backward(

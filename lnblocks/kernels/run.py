@@ -78,19 +78,20 @@ def run_fused(
         raise StaleOperandError(_changed("bias", bias, bias.dtype, x, n))
     if residual is not None and residual.get_device() != x.get_device():
         raise StaleOperandError(_changed("residual", residual, residual.dtype, x, None))
-    scalars = dict(others)
-    alpha, shift = scalars.get("alpha"), scalars.get("shift")
-    for name, t in (("alpha", alpha), ("shift", shift)):
-        if t is not None and (t.get_device() != x.get_device() or t.numel() != 1):
-            raise StaleOperandError(_changed(name, t, t.dtype, x, 1))
+    alpha = shift = None
+    if others:  # DyT's, Derf's scalars (the common norms have none: no work on their hot path)
+        scalars = dict(others)
+        alpha, shift = scalars.get("alpha"), scalars.get("shift")
+        for name, t in (("alpha", alpha), ("shift", shift)):
+            if t is not None and (t.get_device() != x.get_device() or t.numel() != 1):
+                raise StaleOperandError(_changed(name, t, t.dtype, x, 1))
     if gate is None and plan.gate_position != "none":
         plan = without_gate(plan)
     if plan.cast == "nemotron" and torch.is_autocast_enabled():
         return _run_nemotron_autocast(plan, x, residual, weight, bias, n, seed)
-    operands = (plan, x, residual, weight, bias, n, seed, gate, alpha, shift)
     if type(x) is not Tensor and is_dtensor(x):
-        return _run_sharded(*operands)
-    return _run_local(*operands)
+        return _run_sharded(plan, x, residual, weight, bias, n, seed, gate, alpha, shift)
+    return _run_local(plan, x, residual, weight, bias, n, seed, gate, alpha, shift)
 
 
 def _run_local(plan, x, residual, weight, bias, n, seed, gate, alpha, shift):
