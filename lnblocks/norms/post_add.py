@@ -11,18 +11,14 @@ module's own math and adds the residual with the same op as the eager layer (``a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torch import Tensor
 
 from lnblocks.norms import functional as LF
 from lnblocks.norms import routing
-
-if TYPE_CHECKING:
-    from lnblocks.norms.modules import Norm
+from lnblocks.norms.routing import RoutedNorm
 
 
-def norm_then_add(norm: Norm, x: Tensor, residual: Tensor, *, return_normed: bool = False) -> Tensor | tuple:
+def norm_then_add(norm: RoutedNorm, x: Tensor, residual: Tensor, *, return_normed: bool = False) -> Tensor | tuple:
     """``residual + norm(x)`` (the new residual); with ``return_normed``, ``(norm(x), residual + norm(x))``.
 
     ``residual`` must have x's shape (never broadcast); its dtype and ``residual_in_fp32`` give the new residual's
@@ -68,7 +64,7 @@ def _fused(kernels, route: routing.Route, x: Tensor, residual: Tensor, return_no
     return out if return_normed else out[1]
 
 
-def _torch_route(norm: Norm, route: routing.Route, x: Tensor) -> routing.Route:
+def _torch_route(norm: RoutedNorm, route: routing.Route, x: Tensor) -> routing.Route:
     """The torch backend's view of a route planned for the kernels (its eps resolved for ``x``)."""
     spec = norm.spec
     eps = LF.resolve_rms_eps(spec.eps, x.dtype) if spec.kind == "rmsnorm" else getattr(spec, "eps", None)
