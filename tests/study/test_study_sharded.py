@@ -1,11 +1,11 @@
-"""``train.parallel`` (issue 21, item 3): an lm study under ``torchrun`` with 2 gloo processes, sharded with FSDP2
-(``{fsdp: 2}``) or tensor + sequence parallelism (``{tp: 2}``), or with DDP (null), gives the one-process run's
+"""``train.parallel``: an lm study under ``torchrun`` with 2 gloo processes, sharded with FSDP2
+(``{dp_shard: 2}``) or tensor + sequence parallelism (``{tp: 2}``), or with DDP (null), gives the one-process run's
 record up to float reduction order; a run checkpointed under FSDP2 and killed resumes in one process, and a
 one-process checkpoint resumes under tensor parallelism (DCP and full state dicts reshard), each to the
 uninterrupted run's record; a layout that does not fit the processes or the model is refused with one line naming
 ``train.parallel`` on every rank, before any process group, within a timeout. bf16 autocast under FSDP2, with no
 diagnostic that reads whole weights (so no unsharded copy on rank 0), gives the one-process bf16 record within
-bf16's tolerance (measured: 1.1e-3 on a loss, 1.8e-3 on a gradient norm). ``{fsdp: 2, tp: 2}`` on 4 processes (a
+bf16's tolerance (measured: 1.1e-3 on a loss, 1.8e-3 on a gradient norm). ``{dp_shard: 2, tp: 2}`` on 4 processes (a
 2 x 2 mesh) gives the one-process record too, and so does ``{tp: 2, loss_parallel: true}`` (the cross-entropy and
 the z-loss on vocabulary-split logits).
 
@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from lnblocks.config import ConfigValueError
+from lnblocks.models.parallel.config import ParallelConfig
 from lnblocks.study import load_study, read_record, run_study
-from lnblocks.study.lm.sharding import check_sharding
 from tests.models.parallel_launch import torchrun
 from tests.study.long_runs import child_env
 
@@ -100,24 +100,25 @@ def reference(study: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.mark.parametrize(
-    "parallel", [{"fsdp": 2}, {"tp": 2}, {"tp": 2, "loss_parallel": True}], ids=["fsdp2", "tp2", "tp2-loss-parallel"]
+    "parallel",
+    [{"dp_shard": 2}, {"tp": 2}, {"tp": 2, "loss_parallel": True}],
+    ids=["fsdp2", "tp2", "tp2-loss-parallel"],
 )
 def test_two_processes_give_the_one_process_record(study: Path, reference: Any, tmp_path: Path, parallel) -> None:
     proc = launch(study, tmp_path, {"train.parallel": parallel})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = the_record(tmp_path)
-    defaults = {"fsdp": 1, "tp": 1, "sequence_parallel": True, "loss_parallel": False}
-    assert rec.env["world_size"] == 2 and rec.env["parallel"] == {**defaults, **parallel}
+    assert rec.env["world_size"] == 2 and rec.env["parallel"] == {**ParallelConfig().to_dict(), **parallel}
     assert rec.id == reference.id  # train.parallel is not part of the run's id
     assert_close(rec, reference)
 
 
 def test_a_two_dimensional_mesh_on_four_processes(study: Path, reference: Any, tmp_path: Path) -> None:
     """FSDP2 x tensor parallelism on a 2 x 2 mesh (4 gloo processes on the 2-core machine)."""
-    proc = launch(study, tmp_path, {"train.parallel": {"fsdp": 2, "tp": 2}}, nproc=4)
+    proc = launch(study, tmp_path, {"train.parallel": {"dp_shard": 2, "tp": 2}}, nproc=4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = the_record(tmp_path)
-    assert rec.env["world_size"] == 4 and rec.env["parallel"]["fsdp"] == rec.env["parallel"]["tp"] == 2
+    assert rec.env["world_size"] == 4 and rec.env["parallel"]["dp_shard"] == rec.env["parallel"]["tp"] == 2
     assert rec.id == reference.id
     assert_close(rec, reference)
 
@@ -140,7 +141,7 @@ BF16_ATOL, BF16_RTOL = 1e-3, 3e-2  # bf16 autocast: a product rounded to 8 bits,
 def test_bf16_under_fsdp_without_the_full_copy(study: Path, tmp_path: Path) -> None:
     """bf16 autocast sharded, and a run whose diagnostics read no whole weight (no unsharded copy on rank 0)."""
     assert run_study(study, tmp_path / "one", show_progress=False, report=False, overrides=BF16) == 0
-    proc = launch(study, tmp_path / "two", {**BF16, "train.parallel": {"fsdp": 2}})
+    proc = launch(study, tmp_path / "two", {**BF16, "train.parallel": {"dp_shard": 2}})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec, ref = the_record(tmp_path / "two"), the_record(tmp_path / "one")
     assert rec.id == ref.id and rec.config["train"]["dtype"] == "bf16" and not rec.result.diagnostics
@@ -149,7 +150,7 @@ def test_bf16_under_fsdp_without_the_full_copy(study: Path, tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [({"fsdp": 2}, None), (None, {"tp": 2})],
+    [({"dp_shard": 2}, None), (None, {"tp": 2})],
     ids=["fsdp2-then-one-process", "one-process-then-tp2"],
 )
 def test_a_checkpoint_resumes_under_another_world_size(
@@ -182,21 +183,32 @@ def test_a_layout_that_does_not_fit_is_refused_on_every_rank(study: Path, tmp_pa
     assert not (tmp_path / "out" / "runs").exists() or not list((tmp_path / "out" / "runs").glob("*.json"))
 
 
-def test_train_parallel_is_checked_and_is_no_part_of_the_id(study: Path) -> None:
+def test_train_parallel_is_checked_where_the_run_is_built_and_is_no_part_of_the_id(study: Path) -> None:
+    """``train.parallel`` is the library's ``ParallelConfig``; the run config checks it against the model and the batch
+    once, when it is built, and against the number of processes before any process group (``check_world``)."""
     (run,) = load_study(study).runs()
-    (sharded,) = load_study(study, overrides={"train.parallel": {"fsdp": 2}}).runs()
-    assert sharded.train.parallel.fsdp == 2 and sharded.run_id == run.run_id and sharded.digest == run.digest
-    check_sharding(sharded, 2)
-    check_sharding(run, 2)  # null: DDP, any world size
-    with pytest.raises(ConfigValueError, match=r"train\.parallel\.fsdp must be"):
-        load_study(study, overrides={"train.parallel": {"fsdp": 0}})
+    (sharded,) = load_study(study, overrides={"train.parallel": {"dp_shard": 2}}).runs()
+    assert isinstance(sharded.train.parallel, ParallelConfig) and sharded.train.parallel.dp_shard == 2
+    assert sharded.run_id == run.run_id and sharded.digest == run.digest
+    sharded.check_world(2)
+    run.check_world(2)  # null: DDP, any world size
+    with pytest.raises(ConfigValueError, match=r"train\.parallel\.dp_shard must be"):
+        load_study(study, overrides={"train.parallel": {"dp_shard": 0}})
+    with pytest.raises(ConfigValueError, match=r"train\.parallel\.fsdp is not a config key"):
+        load_study(study, overrides={"train.parallel": {"fsdp": 2}})  # one name per axis: the library's
     with pytest.raises(ConfigValueError, match=r"train\.parallel\.loss_parallel .*needs tp > 1"):
-        load_study(study, overrides={"train.parallel": {"fsdp": 2, "loss_parallel": True}})
-    with pytest.raises(ConfigValueError, match=r"train\.parallel needs fsdp=2 \* tp=1 = 2 processes, but .* has 1"):
-        run_study(study, "unused", show_progress=False, report=False, overrides={"train.parallel": {"fsdp": 2}})
-    (big,) = load_study(study, overrides={"train.parallel": {"fsdp": 16}, "train.grad_accum": 1}).runs()
-    with pytest.raises(ConfigValueError, match=r"splits data\.batch_size \(8\) over fsdp=16 ranks"):
-        check_sharding(big, 16)
-    (half,) = load_study(study, overrides={"train.parallel": {"fsdp": 2}, "train.dtype": "fp16"}).runs()
+        load_study(study, overrides={"train.parallel": {"dp_shard": 2, "loss_parallel": True}})
+    with pytest.raises(ConfigValueError, match=r"train\.parallel\.param_dtype would change what the run computes"):
+        load_study(study, overrides={"train.parallel": {"dp_shard": 2, "param_dtype": "bfloat16"}})
+    with pytest.raises(ConfigValueError, match=r"train\.parallel\.compile is train\.compile's"):
+        load_study(study, overrides={"train.parallel": {"dp_shard": 2, "compile": True}})
+    (compiled,) = load_study(study, overrides={"train.parallel": {"dp_shard": 2}, "train.compile": True}).runs()
+    assert compiled.train.parallel.compile
+    with pytest.raises(ConfigValueError, match=r"train\.parallel needs dp_shard=2 \* tp=1 = 2 processes, but .* has 1"):
+        run_study(study, "unused", show_progress=False, report=False, overrides={"train.parallel": {"dp_shard": 2}})
+    with pytest.raises(ConfigValueError, match=r"splits data\.batch_size \(8\) over dp_shard=16 ranks"):
+        load_study(study, overrides={"train.parallel": {"dp_shard": 16}, "train.grad_accum": 1})
     with pytest.raises(ConfigValueError, match=r"train\.dtype 'fp16' .* not supported with train\.parallel"):
-        check_sharding(half, 2)
+        load_study(study, overrides={"train.parallel": {"dp_shard": 2}, "train.dtype": "fp16"})
+    with pytest.raises(ConfigValueError, match=r"train\.parallel \(tp=2\) cannot split this model: .*n_heads \(3\)"):
+        load_study(study, overrides={"train.parallel": {"tp": 2}, "model.n_heads": 3, "model.dim": 48})

@@ -104,10 +104,13 @@ def run_study(
         study = load_study(config, overrides=overrides)
     task = get_task(study.task)
     _require_packages(study, name, report)
-    if task.check_world is not None:  # every rank, before any process group: no rank is left waiting
+    world = 1
+    if name == "torchrun":
         from lnblocks.study.core.torchrun import dist_from_env
 
-        task.check_world(study.runs(), dist_from_env().world_size if name == "torchrun" else 1)
+        world = dist_from_env().world_size
+    for run in study.runs():  # every rank, before any process group: no rank is left waiting
+        run.check_world(world)
     out = Path(out_dir)
     show = sys.stderr.isatty() if show_progress is None else show_progress
     if name != "torchrun":

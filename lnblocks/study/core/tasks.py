@@ -77,8 +77,6 @@ class Task:
       do not log live); None: the task logs no curves, and a study of it may not turn ``tracking`` on;
     - ``check_runs(runs)``: refuse (``ValueError``, one line) runs that cannot start on this machine (a device it
       lacks), before any starts; called where the runs train here (the local and torchrun executors);
-    - ``check_world(runs, world_size)``: refuse (``ValueError``) runs that cannot train on ``world_size``
-      processes each (a sharding layout of another size), called on every rank before any process group exists;
     - ``ddp``: whether ``train`` runs under ``torchrun`` with DistributedDataParallel (``ctx.dist``);
     - ``upgrade_record(obj, source)``: a record's JSON object as the current code reads it (records older lnblocks
       wrote: schema 1, which only the default task had, or configs with keys since renamed); None: as written.
@@ -95,7 +93,6 @@ class Task:
     resolve_runs: Callable[[list[Any], bool], list[Any]] | None = None
     replay_curves: Callable[[RunRecord, str | Path, TrackingConfig], Any] | None = None
     check_runs: Callable[[list[Any]], None] | None = None
-    check_world: Callable[[list[Any], int], None] | None = None
     ddp: bool = False
     upgrade_record: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
 

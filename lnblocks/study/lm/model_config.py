@@ -55,6 +55,12 @@ class ModelConfig(Config):
     Defaults follow Xiong et al. 2020's analysis (arXiv 2002.04745): Xavier-normal matrices (``init: xavier``), unit
     embeddings, ReLU MLP of 4 * dim, learned positions, untied head; attention ``backend: flash_attn`` (flash-attn
     on CUDA in bf16/fp16 when installed, sdpa otherwise; the record says which ran) and norms ``backend: auto``.
+    Why a flat view of the library's fields rather than a nested ``block:`` section: a grid axis or ``--set`` names
+    each option with one short key a reader can scan in a study file (``model.norm``, ``model.init``: the library
+    splits them between ``BlockConfig`` and ``GPTConfig``, which a study has no reason to know); the run id hashes this
+    resolved view, so it stays the same when the library moves a field between its configs; and the study's own keys
+    (``depth``, ``placement: mix_ln``, the shorthands) sit beside the fields they set. The library still validates
+    every value, by building the ``GPTConfig``.
     """
 
     # BlockConfig's fields

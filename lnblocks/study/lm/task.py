@@ -179,15 +179,6 @@ def check_runs(runs: list[RunConfig]) -> None:
         )
 
 
-def check_world(runs: list[RunConfig], world_size: int) -> None:
-    """Refuse, on every rank and before any process group, runs whose ``train.parallel`` does not fit
-    ``world_size`` processes or cannot split the model or batch (``lnblocks.study.lm.sharding.check_sharding``)."""
-    from lnblocks.study.lm.sharding import check_sharding
-
-    for run in runs:
-        check_sharding(run, world_size)
-
-
 def outcome(record: RunRecord) -> str:
     r = record.result
     msg = f"diverged at step {r.diverged_step}" if record.status == "diverged" else f"eval loss {r.eval['final']:.3f}"
@@ -206,7 +197,6 @@ TASK = Task(
     resolve_runs=resolve_runs,
     replay_curves=replay,
     check_runs=check_runs,
-    check_world=check_world,
     ddp=True,
     upgrade_record=upgrade_record,
 )

@@ -48,7 +48,7 @@ from lnblocks.study.lm.data import build_source
 from lnblocks.study.lm.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
 from lnblocks.study.lm.loop_state import DivergenceMonitor, LoopState
 from lnblocks.study.lm.result import LMResult
-from lnblocks.study.lm.sharding import Sharded, check_sharding, data_parallel_degree, no_grad_sync
+from lnblocks.study.lm.sharding import Sharded, data_parallel_degree, no_grad_sync
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
 
@@ -261,7 +261,6 @@ def _train(
     corpus = getattr(source, "corpus", None)
     if corpus is not None and dc.corpus is None:  # not bound by a runner: bind to what this process opened
         run = run.bind_corpus(corpus["digest"])
-    check_sharding(run, dist.world_size, source.vocab_size)  # the same ValueError on every rank, before collectives
     sharded = tc.parallel is not None and tc.parallel.world_size > 1
     torch.manual_seed(tc.seed)  # the init
     raw = GPT(run.model.gpt_config(source.vocab_size, dc.seq_len)).to(device)
@@ -282,7 +281,7 @@ def _train(
     if sharded:  # FSDP2 / TP over train.parallel's mesh; the diagnostics read rank 0's gathered copy (``view``)
         assert tc.parallel is not None
         needs_full = gc.every > 0 or gc.layer_ablation  # what reads whole weights: the copy only then
-        shard = Sharded(raw, tc.parallel, device, dist.is_main and needs_full, tc.compile)
+        shard = Sharded(raw, tc.parallel, device, dist.is_main and needs_full)
         model: nn.Module = shard.model
     else:
         model = torch.compile(raw) if tc.compile else raw

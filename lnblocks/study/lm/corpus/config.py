@@ -20,6 +20,7 @@ and held-out data that are the same (the same token file twice, ``split == val_s
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import stat
@@ -168,8 +169,45 @@ def _paths(key: str, value: Any) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CorpusConfig(Config):
-    """The user's corpus (see the module docstring for the three sources).
+class CorpusFields:
+    """The keys that locate and tokenize the user's corpus, written once for the two configs that hold them: a
+    study's ``data`` section (``lnblocks.study.lm.config.DataConfig``) and ``CorpusConfig``, which adds ``source``,
+    ``vocab_size`` and ``val_fraction`` and validates them all. Fields and defaults only: ``CorpusConfig`` checks
+    them (``DataConfig`` builds a ``CorpusConfig`` to do so)."""
+
+    # tokens
+    train_path: str | None = None
+    val_path: str | None = None
+    token_dtype: str = "uint16"
+    # text
+    files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    skip_undecodable: bool = False
+    # hf_dataset
+    dataset: str | None = None
+    dataset_format: str | None = None
+    split: str = "train"
+    val_split: str | None = None
+    text_column: str = "text"
+    # text and hf_dataset
+    tokenizer: str = "bytes"
+    eos_token: str | None = None
+    cache_dir: str | None = None
+    allow_unused_vocab: bool = False
+
+    def corpus_fields(self) -> dict[str, Any]:
+        """The values of the corpus keys (``CORPUS_KEYS``)."""
+        return {name: getattr(self, name) for name in CORPUS_KEYS}
+
+
+CORPUS_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CorpusFields))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusConfig(CorpusFields, Config):
+    """The user's corpus (see the module docstring for the three sources): the corpus keys (``CorpusFields``) plus
+    ``source``, ``vocab_size`` and ``val_fraction``.
 
     ``vocab_size``: required for ``tokens``; for ``text``/``hf_dataset`` it comes from the tokenizer (256 for
     ``bytes``), and a value given here must be at least that (a model may have spare rows). ``eos_token``: a token
@@ -185,28 +223,8 @@ class CorpusConfig(Config):
     """
 
     source: str = "tokens"
-    # tokens
-    train_path: str | None = None
-    val_path: str | None = None
-    token_dtype: str = "uint16"
     vocab_size: int | None = None
-    # text
-    files: tuple[str, ...] = ()
-    val_files: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    skip_undecodable: bool = False
-    # hf_dataset
-    dataset: str | None = None
-    dataset_format: str | None = None
-    split: str = "train"
-    val_split: str | None = None
-    text_column: str = "text"
-    # text and hf_dataset
-    tokenizer: str = "bytes"
-    eos_token: str | None = None
     val_fraction: float = 0.1
-    cache_dir: str | None = None
-    allow_unused_vocab: bool = False
 
     def __post_init__(self) -> None:
         check_choice("source", self.source, CORPUS_SOURCES)
