@@ -38,7 +38,7 @@ def test_null_in_child_removes_a_base_axis(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("modle: {depth: 3}\n", r"bad\.yaml: modle is not a top-level key of an lm study file"),
+        ("modle: {depth: 3}\n", r"bad\.yaml: modle is not a top-level key of a study file of task 'lm'"),
         ("model: {depht: 3}\n", r"model\.depht is not a config key; valid keys of ModelConfig"),
         ("train: {optimizer: {beta3: 0.9}}\n", r"train\.optimizer\.beta3"),
         ("grid: {model.depht: [3]}\n", r"model\.depht is not a config key \(in grid\)"),

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from lnblocks.cli import main as cli_main
-from lnblocks.study import load_study, run_study
+from lnblocks.study import load_study, run_study, study_from_dict
 from lnblocks.study.digits.config import DigitsRunConfig, DigitsSettings, DigitsStudyConfig
-from lnblocks.study.digits.task import digits_study
 from lnblocks.study.digits.train import load_digits_data, schedule, train_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +43,7 @@ def test_checked_in_config_is_the_default_and_validates() -> None:
     with pytest.raises(ValueError, match="wn_init_images must be >= 1"):
         DigitsStudyConfig(wn_init_images=0)
     quick = DigitsStudyConfig().quick()
-    full, small = digits_study(DigitsStudyConfig(), name="a"), digits_study(quick, name="a")
+    full, small = (study_from_dict({"task": "cnn_digits", **c.to_dict()}) for c in (DigitsStudyConfig(), quick))
     assert quick.seeds == (0,) and full.runs()[0].run_id != small.runs()[0].run_id
 
 

@@ -12,9 +12,9 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import lnblocks.cnn as C
+from lnblocks.study import study_from_dict
 from lnblocks.study.digits.arms import LRN_ALPHA, LRN_BETA, LRN_K, LRN_SIZE, DigitsCNN, weight_norm_data_init
 from lnblocks.study.digits.config import NORM_KINDS, NORM_LABELS, DigitsRunConfig, DigitsStudyConfig
-from lnblocks.study.digits.task import digits_study
 from lnblocks.study.digits.train import load_digits_data, train_run
 
 SMALL = {"epochs": 1, "min_steps": 1, "max_train": 64, "widths": (8, 8)}
@@ -30,7 +30,7 @@ def test_the_study_has_every_arm_with_a_label() -> None:
     assert set(NORM_KINDS) == {"batch", "group", "layer2d", "instance", "batchrenorm", "switchable", "frn",
                                "evonorm_s0", "evonorm_b0", "group_ws", "nf", "weightnorm", "lrn"}  # fmt: skip
     assert DigitsStudyConfig().norms == NORM_KINDS and set(NORM_LABELS) == set(NORM_KINDS)
-    quick = digits_study(DigitsStudyConfig().quick(), name="q")
+    quick = study_from_dict({"task": "cnn_digits", **DigitsStudyConfig().quick().to_dict()})
     assert {r.norm for r in quick.runs()} == set(NORM_KINDS)  # the quick config runs every arm too
 
 

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from lnblocks.study.core.checkpoint import Checkpoints
+    from lnblocks.study.core.grid import GridAxis
     from lnblocks.study.core.records import RunRecord
-    from lnblocks.study.core.tracking import TrackingConfig
+    from lnblocks.study.core.tracking import Tracker, TrackingConfig
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,11 @@ class DistContext:
 @dataclass(frozen=True)
 class RunContext:
     """How one run trains, besides its config: whether to draw a step bar (``position``: its tqdm row), where its
-    curves go while it trains (``tracking`` is set only when the executor logs live; ``out_dir`` the study folder),
-    this process's place in a ``torchrun`` job, and the run's checkpoints (``checkpoints``: a
-    ``core.checkpoint.Checkpoints`` when the run asks for them, else None): a task that supports them resumes from
-    ``checkpoints.latest()`` and saves its state when ``checkpoints.due(step)`` says so."""
+    curves go while it trains (``tracking`` is set only when the executor logs live; ``out_dir`` the study folder;
+    ``tracker``: the open ``core.tracking.Tracker`` the executor made of them for a run's ``train``), this process's
+    place in a ``torchrun`` job, and the run's checkpoints (``checkpoints``: a ``core.checkpoint.Checkpoints`` when
+    the run asks for them, else None): a task that supports them resumes from ``checkpoints.latest()`` and saves its
+    state when ``checkpoints.due(step)`` says so."""
 
     show_progress: bool = False
     position: int = 0
@@ -54,13 +56,23 @@ class RunContext:
     tracking: TrackingConfig | None = None
     dist: DistContext = field(default_factory=DistContext)
     checkpoints: Checkpoints | None = None
+    tracker: Tracker | None = None
 
 
 @dataclass(frozen=True)
 class Task:
     """One kind of experiment, as the runner and the report see it.
 
-    - ``study_from_dict(raw, name=, description=, source=)``: the ``StudyConfig`` of a merged study mapping;
+    - ``run_type``: the task's run config, a frozen ``lnblocks.config.Config`` that also derives from
+      ``core.run_config.LabelledRun``: its fields are the run sections of a study file (``data``, ``model``, ...),
+      each grid point is ``run_type.from_dict(options)``, and dotted grid keys are checked by
+      ``run_type.check_key`` (``core.study_config.read_sections``: the core reads every task's study file);
+    - ``analysis_type``: the config of the file's ``analysis`` section (the report's settings); None: no such
+      section;
+    - ``read_grid(raw)``: for a file that gives its grid otherwise than ``grid:`` / ``extra_grids:``, its ``(base
+      options, axes, extra grids)`` from the file's mapping; None: the core's reading;
+    - ``check_grid(runs)``: refuse (``ValueError``) a grid whose runs the report could not tell apart, when the study
+      is read; None: any grid;
     - ``train(run, ctx)``: one run's ``RunRecord`` (the one place a run of this task trains);
     - ``outcome(record)``: a one-line summary; ``report(out, records, manifest, problems, plots=, echo=,
       show_progress=, open_executor=)``: write the report files from records alone and return an exit code
@@ -83,11 +95,14 @@ class Task:
     """
 
     name: str
-    study_from_dict: Callable[..., Any]
+    run_type: type
     train: Callable[[Any, RunContext], RunRecord]
     outcome: Callable[[RunRecord], str]
     report: Callable[..., int]
     result_type: type
+    analysis_type: type | None = None
+    read_grid: Callable[[dict[str, Any]], tuple[dict[str, Any], tuple[GridAxis, ...], tuple]] | None = None
+    check_grid: Callable[[list[Any]], None] | None = None
     path_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     before_runs: Callable[[list[Any], bool], list[str]] | None = None
     resolve_runs: Callable[[list[Any], bool], list[Any]] | None = None

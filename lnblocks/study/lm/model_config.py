@@ -3,16 +3,18 @@ those the study sets itself: vocabulary and sequence length from the data, ``n_l
 study's conveniences; validated by building the ``GPTConfig``.
 
 The library fields are listed here as plain fields (typed ``Any``: the library validates them) with the library's
-defaults, except ``init`` (the study's ``xavier``) and the nested ``attention`` / ``mlp`` (None: the library's
-default); ``tests/study/test_study_config.py`` checks that they stay the library's fields with its defaults.
+defaults, except ``init`` (the study's ``xavier``) and the nested ``attention`` / ``mlp`` (typed as the library's
+configs, so dotted keys reach into them; None: the library's default); ``tests/study/test_study_config.py`` checks that they stay the library's fields with its defaults.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lnblocks.blocks import PLACEMENTS, BlockConfig
+from lnblocks.blocks.config import AttentionConfig, MLPConfig
 from lnblocks.config import Config, ConfigError, ConfigTypeError, ConfigValueError, check_choice, check_float, check_int
 from lnblocks.models import GPTConfig, mix_ln
 
@@ -66,8 +68,8 @@ class ModelConfig(Config):
     # BlockConfig's fields
     dim: Any = 64
     norm: Any = "layernorm"
-    attention: Any = None
-    mlp: Any = None
+    attention: AttentionConfig | Mapping[str, Any] | None = None  # nested: a grid may set model.attention.n_heads
+    mlp: MLPConfig | Mapping[str, Any] | None = None
     qk_norm: Any = None
     depth_scaled_norm: Any = False
     shared_norm: Any = False

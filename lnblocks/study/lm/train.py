@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from lnblocks.study.core.checkpoint import Checkpoints
 from lnblocks.study.core.preemption import Preempted
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.core.tasks import DistContext
+from lnblocks.study.core.tasks import DistContext, RunContext
 from lnblocks.study.core.tracking import Tracker
 from lnblocks.study.lm import diagnostics as diag
 from lnblocks.study.lm import stability as stab
@@ -216,6 +216,19 @@ def _progress(total: int, desc: str, position: int, show: bool) -> Any:
     from lnblocks._optional import require
 
     return require("tqdm").tqdm(total=total, desc=desc, position=position, leave=False, dynamic_ncols=True)
+
+
+def train(run: RunConfig, ctx: RunContext) -> RunRecord:
+    """The ``lm`` task's ``train``: ``train_run`` as an executor hands a run over (``RunContext``: the rank, the step
+    bar, the open curve tracker, the checkpoints)."""
+    return train_run(
+        run,
+        dist=ctx.dist,
+        show_progress=ctx.show_progress,
+        position=ctx.position,
+        tracker=ctx.tracker,
+        checkpoints=ctx.checkpoints,
+    )
 
 
 def train_run(
