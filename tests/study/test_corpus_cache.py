@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from lnblocks.cli import main as cli_main
-from lnblocks.study.lm.corpus import open_corpus, prepare_corpus, reference_losses
-from lnblocks.study.lm.corpus.cache import corpus_lock
+from lnblocks.study.lm.data.corpus import open_corpus, prepare_corpus, reference_losses
+from lnblocks.study.lm.data.corpus.cache import corpus_lock
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)).encode()
 
@@ -37,7 +37,9 @@ def _entries(tmp_path: Path) -> list[str]:
 
 
 def seal(obj: dict) -> dict:
-    from lnblocks.study.lm.corpus.cache import seal as sealed  # imported here: each test fails alone on the old code
+    from lnblocks.study.lm.data.corpus.cache import (
+        seal as sealed,  # imported here: each test fails alone on the old code
+    )
 
     return sealed(obj)
 
@@ -193,7 +195,7 @@ def test_least_recently_used_beyond_the_limit_go(tmp_path: Path, monkeypatch) ->
 HOLD = """
 import sys, time
 from pathlib import Path
-from lnblocks.study.lm.corpus import open_corpus
+from lnblocks.study.lm.data.corpus import open_corpus
 src = open_corpus({{"source": "text", "files": [{file!r}], "cache_dir": {cache!r}}}, seq_len=8, batch_size=2)
 print("open", flush=True)
 sys.stdin.readline()  # hold the source (and its lease) until told to stop
@@ -222,7 +224,7 @@ def test_an_entry_in_use_or_being_prepared_is_never_removed(tmp_path: Path, monk
     finally:
         proc.communicate(timeout=60)
     assert proc.returncode == 0
-    evict = importlib.import_module("lnblocks.study.lm.corpus.evict")
+    evict = importlib.import_module("lnblocks.study.lm.data.corpus.evict")
     with corpus_lock(held):  # being prepared by someone (its lock held): left alone
         assert not evict.remove(held)
     assert evict.remove(held) and _entries(tmp_path) == []

@@ -14,7 +14,7 @@ import pytest
 
 from lnblocks.cli import main as cli_main
 from lnblocks.config import ConfigValueError
-from lnblocks.study.lm.corpus import CorpusConfig, prepare_corpus
+from lnblocks.study.lm.data.corpus import CorpusConfig, prepare_corpus
 
 SMALL = {
     "model": {"dim": 16, "n_heads": 2, "depth": 1},

@@ -16,10 +16,10 @@ import pytest
 
 from lnblocks.cli import main as cli_main
 from lnblocks.config import ConfigValueError
-from lnblocks.study.lm.corpus import CorpusConfig, TextTokenizer, prepare_corpus
-from lnblocks.study.lm.corpus import documents as docs
+from lnblocks.study.lm.data.corpus import CorpusConfig, TextTokenizer, prepare_corpus
+from lnblocks.study.lm.data.corpus import documents as docs
 
-prep = importlib.import_module("lnblocks.study.lm.corpus.prepare")  # the module (the package exports the function)
+prep = importlib.import_module("lnblocks.study.lm.data.corpus.prepare")  # the module (the package exports the function)
 tokenizers = pytest.importorskip("tokenizers")
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lnblocks.study import RunConfig, build_report, load_study, read_record, run_study, train_run
-from lnblocks.study.lm.stability import SIGMAS, WINDOW, SpikeMonitor
+from lnblocks.study.lm.run.stability import SIGMAS, WINDOW, SpikeMonitor
 from tests.study.long_runs import same_record, study_cli
 
 RUN = {

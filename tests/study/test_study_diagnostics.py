@@ -10,7 +10,7 @@ import torch
 
 from lnblocks.models import GPT, GPTConfig
 from lnblocks.study import RunConfig, train_run
-from lnblocks.study.lm import diagnostics as diag
+from lnblocks.study.lm.run import diagnostics as diag
 
 
 def tiny_gpt(placement: str = "post", n_layers: int = 3, **block: object) -> GPT:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from lnblocks.study.core.claims import Outcome, claims_table
-from lnblocks.study.lm.findings import placement_claims, study_claims, wortsman_claims, xiong_claims
-from lnblocks.study.lm.init_profile import InitProfile
+from lnblocks.study.lm.report.findings import placement_claims, study_claims, wortsman_claims, xiong_claims
+from lnblocks.study.lm.report.init_profile import InitProfile
 
 R, N, U = Outcome.REPRODUCED, Outcome.DID_NOT_REPRODUCE, Outcome.INCONCLUSIVE  # U: undecided
 PLATEAU = 3.33

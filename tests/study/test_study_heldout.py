@@ -21,9 +21,9 @@ import pytest
 from lnblocks.study import load_study
 from lnblocks.study.core.claims import Outcome
 from lnblocks.study.lm.config import InitProfileConfig
-from lnblocks.study.lm.docs_results import RESULTS, claims, load
-from lnblocks.study.lm.findings.xiong import profile_claims
-from lnblocks.study.lm.init_profile import InitProfile, compute_profiles
+from lnblocks.study.lm.report.docs_results import RESULTS, claims, load
+from lnblocks.study.lm.report.findings.xiong import profile_claims
+from lnblocks.study.lm.report.init_profile import InitProfile, compute_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED, HELDOUT = RESULTS / "xiong2020_quick", RESULTS / "xiong2020_heldout"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from lnblocks.study import RunConfig, train_run
-from lnblocks.study.lm import init_profile as ip
 from lnblocks.study.lm.config import InitProfileConfig
+from lnblocks.study.lm.report import init_profile as ip
 
 BASE = {
     "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 1},

@@ -14,7 +14,7 @@ import pytest
 
 from lnblocks.cli import main as cli_main
 from lnblocks.study import RunConfig, load_study, run_study, train_run
-from lnblocks.study.lm.analysis import arch_of
+from lnblocks.study.lm.report.analysis import arch_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = (

@@ -1,7 +1,8 @@
-"""The package layout (issue 19): the study in three parts with one-way imports. The core imports no task and names
-none; a task imports the core and the library, never another task; the library never imports the study; no import
-circle among study modules (lazy imports inside functions included); every study module imports on its own; and
-nothing generates its dataclasses at import time or keeps an old name alive."""
+"""The package layout: the study in three parts with one-way imports, so a reader can follow a run through it. The
+core imports no task and names none; a task imports the core and the library, never another task; the library never
+imports the study; the ``lm`` task in three rooms (``data``, ``run``, ``report``) whose imports go one way; no import
+circle among study modules (lazy imports inside functions and type-only imports included); every study module imports
+on its own; and nothing generates its dataclasses at import time or keeps an old name alive."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ LIBRARY = ["lnblocks.norms", "lnblocks.kernels", "lnblocks.blocks", "lnblocks.mo
            "lnblocks.config", "lnblocks.parity", "lnblocks._optional"]  # fmt: skip
 TASKS = ("lm", "digits")  # the task packages under lnblocks/study/
 TASK_NAMES = ("lm", "cnn_digits")  # their registered names
+LM = "lnblocks.study.lm"
+LM_ROOMS = ("data", "run", "report")
+# lm's own modules beside the rooms: the task, its run config, what a run records, and the corpus API's public name
+LM_TOP = ("__init__.py", "task.py", "config.py", "model_config.py", "result.py", "corpus.py")
 
 
 def module_name(path: Path) -> str:
@@ -31,12 +36,13 @@ def _is_type_checking(node: ast.If) -> bool:
     return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, type_only: bool = False) -> set[str]:
     """Every lnblocks module ``path`` imports, at module level or inside functions (``if TYPE_CHECKING:`` blocks,
-    which never run, excepted); ``from package import submodule`` counts as the submodule."""
+    which never run, only with ``type_only``: they still send a reader to another module); ``from package import
+    submodule`` counts as the submodule."""
     tree = ast.parse(path.read_text())
     skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node)
-            for child in node.body for n in ast.walk(child)}  # fmt: skip
+            for child in node.body for n in ast.walk(child)} if not type_only else set()  # fmt: skip
     out: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -89,6 +95,47 @@ def test_a_task_imports_the_core_and_the_library_never_another_task(name: str) -
             assert target != "lnblocks.study", f"{name} imports the lnblocks.study package (its public names)"
         else:
             assert target.split(".")[1] in [lib.split(".")[1] for lib in LIBRARY], f"{name} imports {target}"
+
+
+def room(name: str) -> str | None:
+    """``data``, ``run`` or ``report`` for a module in one of the lm task's rooms, else None."""
+    parts = name.split(".")
+    return parts[3] if name.startswith(LM + ".") and len(parts) > 4 and parts[3] in LM_ROOMS else None
+
+
+def test_the_lm_task_has_three_rooms() -> None:
+    lm = STUDY / "lm"
+    assert sorted(p.name for p in lm.iterdir() if p.name != "__pycache__") == sorted([*LM_TOP, *LM_ROOMS])
+    for name in LM_ROOMS:
+        assert (lm / name / "__init__.py").is_file(), name
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if room(m) == "data"])
+def test_data_imports_neither_run_nor_report(name: str) -> None:
+    bad = sorted(t for t in imports(MODULES[name], type_only=True) if room(t) in ("run", "report"))
+    assert not bad, f"{name} imports {bad}: the data a run trains on knows nothing of the run or the report"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if room(m) == "report"])
+def test_report_reaches_run_only_through_the_init_profiles(name: str) -> None:
+    """The report is built from records alone; only the init gradient profiles build and probe fresh models."""
+    bad = sorted(t for t in imports(MODULES[name], type_only=True) if room(t) == "run")
+    assert not bad or name == f"{LM}.report.init_profile", f"{name} imports {bad}"
+
+
+@pytest.mark.parametrize("name", [f"{LM}.config", f"{LM}.model_config", f"{LM}.result"])
+def test_the_run_config_and_result_know_no_loop_and_no_report(name: str) -> None:
+    bad = sorted(t for t in imports(MODULES[name], type_only=True) if room(t) in ("run", "report"))
+    assert not bad, f"{name} imports {bad}"
+
+
+def test_the_corpus_api_keeps_its_public_name() -> None:
+    """``lnblocks.study.lm.corpus`` (README, docs) is the corpus package's API, the same objects."""
+    import lnblocks.study.lm.corpus as public
+    import lnblocks.study.lm.data.corpus as corpus
+
+    assert public.__all__ == corpus.__all__
+    assert all(getattr(public, n) is getattr(corpus, n) for n in corpus.__all__)
 
 
 def test_no_import_circle_among_study_modules() -> None:

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from lnblocks.study.lm.analysis import capped, classify, log_slope, lr_sensitivity, max_stable_lr
-from lnblocks.study.lm.loop_state import DivergenceMonitor, detect_divergence
-from lnblocks.study.lm.train import lr_at
+from lnblocks.study.lm.report.analysis import capped, classify, log_slope, lr_sensitivity, max_stable_lr
+from lnblocks.study.lm.run.loop_state import DivergenceMonitor, detect_divergence
+from lnblocks.study.lm.run.optim import lr_at
 
 
 @pytest.mark.parametrize(

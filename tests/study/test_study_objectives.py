@@ -11,8 +11,8 @@ import torch
 from lnblocks.models import GPT
 from lnblocks.study import RunConfig, train_run
 from lnblocks.study.lm.config import TrainConfig
-from lnblocks.study.lm.diagnostics import evaluate, layer_ablation
-from lnblocks.study.lm.train import build_optimizer, decay_coefficient, z_loss_term
+from lnblocks.study.lm.run.diagnostics import evaluate, layer_ablation
+from lnblocks.study.lm.run.optim import build_optimizer, decay_coefficient, z_loss_term
 
 BASE = {
     "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 2},

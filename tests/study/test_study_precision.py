@@ -11,7 +11,7 @@ import torch
 from lnblocks.config import ConfigValueError
 from lnblocks.study import RunConfig, train_run
 from lnblocks.study.lm.config import TrainConfig
-from lnblocks.study.lm.train import Precision, forward_backward
+from lnblocks.study.lm.run.optim import Precision, forward_backward
 
 BASE = {
     "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 1},

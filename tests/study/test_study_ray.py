@@ -159,8 +159,8 @@ def test_init_profiles_as_ray_tasks_equal_the_in_process_ones() -> None:
     """The report's init-profile jobs (``core.executors.Job.call``) run as Ray tasks with the same bits."""
     from lnblocks.study import RunConfig
     from lnblocks.study.core.ray_executor import RayExecutor
-    from lnblocks.study.lm import init_profile as ip
     from lnblocks.study.lm.config import InitProfileConfig
+    from lnblocks.study.lm.report import init_profile as ip
 
     base = {"data": {"source": "markov", "vocab_size": 8, "seq_len": 8, "batch_size": 4, "eval_batches": 1},
             "diagnostics": {"probe_batch_size": 2}}  # fmt: skip

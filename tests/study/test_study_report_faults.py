@@ -16,7 +16,7 @@ import pytest
 from lnblocks.study import build_report, load_study, run_study
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.report import load_records
-from lnblocks.study.lm.report import build_lm_report
+from lnblocks.study.lm.report.build import build_lm_report
 
 ARMS = """
     pre: {model.placement: pre}

@@ -12,7 +12,7 @@ from pathlib import Path
 from PIL import Image
 
 from lnblocks.study import run_study
-from lnblocks.study.lm.docs_results import (
+from lnblocks.study.lm.report.docs_results import (
     FIGURES,
     HASH_KEY,
     RESULTS,
@@ -27,7 +27,7 @@ from lnblocks.study.lm.docs_results import (
     stale_figures,
     update_blocks,
 )
-from lnblocks.study.lm.plots import draw_figure
+from lnblocks.study.lm.report.plots import draw_figure
 
 ROOT = Path(__file__).resolve().parents[2]
 IMG = ROOT / "docs" / "img"
@@ -67,14 +67,14 @@ def test_docs_claims_tables_equal_the_committed_results() -> None:
             assert name not in seen, f"claims block {name!r} is in both {seen[name]} and {page.name}"
             seen[name] = page.name
             assert block == render_block(RESULTS / name), f"{page.name}: claims block {name!r} is stale: run " + (
-                "python -m lnblocks.study.lm.docs_results docs"
+                "python -m lnblocks.study.lm.report.docs_results docs"
             )
         assert update_blocks(text) == text
     assert set(seen) == STUDIES
 
 
 def test_docs_figures_are_what_the_committed_results_draw() -> None:
-    assert stale_figures(IMG) == [], "stale figures: run python -m lnblocks.study.lm.docs_results docs"
+    assert stale_figures(IMG) == [], "stale figures: run python -m lnblocks.study.lm.report.docs_results docs"
     readme = (ROOT / "README.md").read_text()
     for name in FIGURES:
         assert f"](docs/img/{name}.png)" in readme, f"README.md does not embed docs/img/{name}.png"

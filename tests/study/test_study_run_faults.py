@@ -17,7 +17,7 @@ import torch
 
 from lnblocks.cli import main as cli_main
 from lnblocks.study import OptimizerConfig, TrainConfig, run_study
-from lnblocks.study.lm.train import build_optimizer
+from lnblocks.study.lm.run.optim import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = """

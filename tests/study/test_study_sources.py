@@ -17,8 +17,8 @@ import pytest
 from lnblocks.cli import main as cli_main
 from lnblocks.config import ConfigValueError
 from lnblocks.study import RunConfig, load_study, read_record, run_study, train_run
-from lnblocks.study.lm.corpus import TokenFileSource
-from lnblocks.study.lm.data import build_source
+from lnblocks.study.lm.data.builtin import build_source
+from lnblocks.study.lm.data.corpus import TokenFileSource
 
 SMALL = {
     "model": {"dim": 16, "n_heads": 2, "depth": 1},

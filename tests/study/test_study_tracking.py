@@ -13,7 +13,7 @@ import torch
 from lnblocks.config import ConfigTypeError, ConfigValueError
 from lnblocks.study import RunConfig, train_run
 from lnblocks.study.core.tracking import TensorBoardTracker, Tracker, TrackingConfig, open_tracker
-from lnblocks.study.lm.curves import diagnostics_scalars, record_scalars, replay
+from lnblocks.study.lm.run.curves import diagnostics_scalars, record_scalars, replay
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from lnblocks.study import RunConfig, RunRecord, train_run
-from lnblocks.study.lm.train import lr_at
+from lnblocks.study.lm.run.optim import lr_at
 
 BASE = {
     "data": {"source": "markov", "vocab_size": 16, "seq_len": 16, "batch_size": 8, "eval_batches": 1},

@@ -19,7 +19,21 @@ _PUBLIC = {
          "parallelize", "split_batch"), "apply"),
     **dict.fromkeys(("FusedColwiseParallel", "GatherInput", "NormParallel", "ReplicateParallel"), "styles"),
 }  # fmt: skip
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "FusedColwiseParallel",
+    "GatherInput",
+    "NormParallel",
+    "ParallelConfig",
+    "ReplicateParallel",
+    "apply_fsdp",
+    "apply_tensor_parallel",
+    "build_mesh",
+    "check_mesh",
+    "full_grads",
+    "loss_context",
+    "parallelize",
+    "split_batch",
+]
 
 
 def __getattr__(name: str) -> Any:

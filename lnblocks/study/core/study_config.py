@@ -175,7 +175,9 @@ def read_sections(raw: Mapping[str, Any], task: Task) -> tuple[dict[str, Any], t
     unknown = sorted(str(k) for k in set(raw) - set(valid))
     if unknown:
         every = ["name", "description", "task", "extends", *valid, *STUDY_SECTIONS]
-        raise ConfigValueError(unknown[0], f"is not a top-level key of a study file of task {task.name!r}; valid: {every}")
+        raise ConfigValueError(
+            unknown[0], f"is not a top-level key of a study file of task {task.name!r}; valid: {every}"
+        )
     options: dict[str, Any] = {}
     for section in sections:
         value = raw.get(section)

@@ -17,7 +17,7 @@ from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, 
 from lnblocks.models.parallel.config import ParallelConfig
 from lnblocks.study.core.checkpoint import CheckpointConfig
 from lnblocks.study.core.run_config import LabelledRun, check_seed, drop_added
-from lnblocks.study.lm.corpus.config import CORPUS_KEYS, CORPUS_SOURCES, CorpusConfig, CorpusFields
+from lnblocks.study.lm.data.corpus.config import CORPUS_KEYS, CORPUS_SOURCES, CorpusConfig, CorpusFields
 from lnblocks.study.lm.model_config import ModelConfig
 
 BUILTIN_SOURCES = ("shakespeare", "markov")
@@ -50,7 +50,8 @@ class DataConfig(CorpusFields, Config):
     ``eval_fraction`` of every file / of the rows. Every source gives random training windows from the run's
     generator, ``eval_batches`` fixed held-out windows (from ``data_seed``), and its reference losses (uniform
     ln V and the unigram plateau; docs/study-protocol.md). The corpus keys are ``CorpusFields``, the schema
-    ``CorpusConfig`` builds on too (``lnblocks.study.lm.corpus``); a key of one source set under another is an error.
+    ``CorpusConfig`` builds on too (``lnblocks.study.lm.data.corpus``); a key of one source set under another is an
+    error.
 
     ``corpus`` (corpus sources): ``sha256:<hex>`` over the prepared token files' sha256s, token type and vocabulary:
     what the run trained on, part of its id (a changed corpus is a new run, never mixed with the old records; a

@@ -16,23 +16,23 @@ from typing import Any
 
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.tasks import Task
-from lnblocks.study.lm.analysis import check_arm_labels
 from lnblocks.study.lm.config import BUILTIN_SOURCES, PATH_KEYS, AnalysisConfig, RunConfig
-from lnblocks.study.lm.curves import replay
-from lnblocks.study.lm.report import build_lm_report
+from lnblocks.study.lm.report.analysis import check_arm_labels
+from lnblocks.study.lm.report.build import build_lm_report
 from lnblocks.study.lm.result import LMResult, upgrade_record
-from lnblocks.study.lm.train import train
+from lnblocks.study.lm.run.curves import replay
+from lnblocks.study.lm.run.train import train
 
 
 def check_grid(runs: list[RunConfig]) -> None:
-    """Refuse a grid whose arms the report cannot tell apart (``lnblocks.study.lm.analysis.check_arm_labels``)."""
+    """Refuse a grid whose arms the report cannot tell apart (``lm.report.analysis.check_arm_labels``)."""
     check_arm_labels([r.label_dict for r in runs])
 
 
 def resolve_runs(runs: list[RunConfig], show_progress: bool = False) -> list[RunConfig]:
     """The runs with what they train on fixed: each corpus run gets its prepared corpus's digest (``data.corpus``,
     part of its id), so a changed corpus makes new runs instead of mixing with the old records."""
-    from lnblocks.study.lm.corpus import corpus_digest
+    from lnblocks.study.lm.data.corpus import corpus_digest
 
     out, digests = [], {}  # corpus -> digest, found once per call
     for run in runs:
@@ -49,8 +49,8 @@ def resolve_runs(runs: list[RunConfig], show_progress: bool = False) -> list[Run
 
 def before_runs(runs: list[RunConfig], show_progress: bool = False) -> list[str]:
     """Tokenize (or check) every distinct corpus the runs train on, once, before any run starts; one line each.
-    A corpus too short for a run's ``seq_len`` (or otherwise unfit: ``lnblocks.study.lm.corpus.verify``) fails here."""
-    from lnblocks.study.lm.corpus import prepare_corpus
+    A corpus too short for a run's ``seq_len`` (or otherwise unfit: ``lm.data.corpus.verify``) fails here."""
+    from lnblocks.study.lm.data.corpus import prepare_corpus
 
     lines = [*_degenerate_mix_ln(runs)]
     corpora: dict[str, tuple[Any, int]] = {}  # corpus -> the longest seq_len a run reads from it

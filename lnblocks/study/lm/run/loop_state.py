@@ -1,5 +1,5 @@
 """What an ``lm`` run's training loop carries from one step to the next besides the model and the optimizer: the
-state a checkpoint must hold for the resumed run to continue bit for bit (``lnblocks.study.lm.train``).
+state a checkpoint must hold for the resumed run to continue bit for bit (``lnblocks.study.lm.run.train``).
 
 The next step, the losses and gradient norms read from the device so far and those not read yet (on the device
 until the next ``train.log_every`` read; saved as their exact fp32 values), the diagnostics entries and eval points,

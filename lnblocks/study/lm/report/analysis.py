@@ -2,7 +2,7 @@
 al. 2023's learning-rate sensitivity and the max stable LR (pure functions, tested on hand-made tables), one flat row
 per run (``summary.csv``, which ``read_summary`` reads back with its types), Xiong et al. 2020's gradient profile by
 layer, and the LR and warmup sensitivity tables. The published claims checked on these rows are in
-``lnblocks.study.lm.findings``."""
+``lnblocks.study.lm.report.findings``."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from lnblocks.study.core.atomic import write_json_atomic
-from lnblocks.study.lm.corpus.cache import seal, unseal
-from lnblocks.study.lm.corpus.verify import reference_problem
-from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource
+from lnblocks.study.lm.data.corpus.cache import seal, unseal
+from lnblocks.study.lm.data.corpus.verify import reference_problem
+from lnblocks.study.lm.data.source import EVAL_SEED_OFFSET, TokenSource
 
 COUNT_CHUNK_TOKENS = 1 << 23  # tokens per bincount chunk: 64 MiB of int64 at most
 SAMPLE_BLOCKS = 16  # blocks of the file checked for ids >= vocab_size when a source opens
@@ -109,7 +109,7 @@ def count_tokens(
 
 def unigram_from_counts(train_counts: np.ndarray, val_counts: np.ndarray) -> float:
     """Cross-entropy (nats/token) on the val split of add-one-smoothed train frequencies: the loss of a model that
-    knows the token frequencies and nothing else (same definition as ``lnblocks.study.lm.source.unigram_loss``)."""
+    knows the token frequencies and nothing else (same definition as ``lnblocks.study.lm.data.source.unigram_loss``)."""
     p = (train_counts.astype(np.float64) + 1.0) / (train_counts.sum() + len(train_counts))
     return float(-(val_counts.astype(np.float64) * np.log(p)).sum() / val_counts.sum())
 

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lnblocks.study.lm.corpus.cache import unseal
+from lnblocks.study.lm.data.corpus.cache import unseal
 
 try:
     import fcntl
@@ -221,7 +221,7 @@ def _human(n: int) -> str:
 def clean_command(cache_dir: str | None, keep: str | None, everything: bool) -> int:
     """``lnblocks data clean [--keep N | --all] [--cache-dir DIR]``: clean the corpus cache and say what went.
     Without ``--keep``/``--all`` it keeps ``$LNBLOCKS_CORPUS_KEEP`` (default 8) entries. Bad input: ``ValueError``."""
-    from lnblocks.study.lm.corpus.config import default_cache_dir
+    from lnblocks.study.lm.data.corpus.config import default_cache_dir
 
     if everything and keep is not None:
         raise ValueError("data clean takes --keep N or --all, not both")

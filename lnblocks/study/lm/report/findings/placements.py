@@ -13,7 +13,7 @@ from typing import Any
 
 from lnblocks.study.core.claims import Claim, judged, not_tested
 from lnblocks.study.core.stats import Estimate, agreement, mean_interval, ols_slope
-from lnblocks.study.lm.findings.common import (
+from lnblocks.study.lm.report.findings.common import (
     SHARE_RULE,
     discordant,
     discordant_text,
@@ -25,7 +25,7 @@ from lnblocks.study.lm.findings.common import (
     threshold_text,
     trained,
 )
-from lnblocks.study.lm.init_profile import InitProfile
+from lnblocks.study.lm.report.init_profile import InitProfile
 
 DEEPNORM = "Wang et al. 2022 (2203.00555)"
 PERI = "Ding et al. 2021 (2105.13290); Kim et al. 2025 (2502.02732)"

@@ -16,7 +16,7 @@ Tags are grouped so TensorBoard's sections read as the diagnostics do:
 ``output/max_logit``, ``output/log_z``  output logits (z-loss, PaLM arXiv:2204.02311)
 ``stability/grad_norm``               global gradient norm every step (before clipping)
 ``stability/spike_score/<series>``    share of the scored steps so far whose ``loss`` / ``grad_norm`` spiked
-                                      (``lnblocks.study.lm.stability``), every scored step
+                                      (``lnblocks.study.lm.run.stability``), every scored step
 ``stability/update_rms/<group>/...``  RMS of the optimizer's update / lr, per group and layer (diagnostics steps)
 ``stability/var_below_eps/layer_<i>``  share of norm input rows with variance under eps (diagnostics steps)
 ====================================  ==========================================================================
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lnblocks.study.core.tracking import Tracker, TrackingConfig, finite_float, open_tracker
-from lnblocks.study.lm.stability import SpikeMonitor
+from lnblocks.study.lm.run.stability import SpikeMonitor
 
 # ---- the scalars of a record -----------------------------------------------------------------------------------
 
@@ -47,7 +47,7 @@ def _layer(i: int) -> str:
 
 def diagnostics_scalars(entry: Mapping[str, Any]) -> dict[str, float | None]:
     """TensorBoard tags of one diagnostics entry of a run record (``diagnostics[k]``: lr, grad norms, update ratios,
-    residual RMS, attention and output-logit stats; see ``lnblocks.study.lm.diagnostics``)."""
+    residual RMS, attention and output-logit stats; see ``lnblocks.study.lm.run.diagnostics``)."""
     out: dict[str, float | None] = {}
     if "lr" in entry:
         out["lr"] = entry["lr"]

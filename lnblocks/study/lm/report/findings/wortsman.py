@@ -16,8 +16,8 @@ import numpy as np
 
 from lnblocks.study.core.claims import Claim, judged
 from lnblocks.study.core.stats import agreement, largest_stable_lr, mean_interval, ols_slope
-from lnblocks.study.lm.analysis import lr_label, lr_sensitivity
-from lnblocks.study.lm.findings.common import (
+from lnblocks.study.lm.report.analysis import lr_label, lr_sensitivity
+from lnblocks.study.lm.report.findings.common import (
     SHARE_RULE,
     discordant,
     discordant_text,

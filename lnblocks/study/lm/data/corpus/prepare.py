@@ -8,8 +8,8 @@ content: hashing a 10 GB corpus would take longer than checking it), the tokeniz
 split settings and ``CORPUS_FORMAT``. ``meta.json`` (the manifest) is written last, so its presence means the
 corpus is complete; a lock file makes a second process wait and then reuse the first one's work. The manifest
 carries its own sha256 and each token file's size and sha256: every open checks the sizes, ``prepare_corpus`` also the
-checksums, and an entry that fails is named on stderr and rebuilt (``lnblocks.study.lm.corpus.verify``). The cache is
-bounded (``lnblocks.study.lm.corpus.evict``).
+checksums, and an entry that fails is named on stderr and rebuilt (``lnblocks.study.lm.data.corpus.verify``). The
+cache is bounded (``lnblocks.study.lm.data.corpus.evict``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from lnblocks.study.core.atomic import remove_stale_tmp, tmp_path, write_json_atomic
-from lnblocks.study.lm.corpus.cache import TokenWriter, corpus_lock, seal, unseal
-from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns, text_files
-from lnblocks.study.lm.corpus.evict import Lease, evict, keep_limit, touch
-from lnblocks.study.lm.corpus.tokenizer import TextTokenizer
-from lnblocks.study.lm.corpus.tokenizing import tokenize_dataset, tokenize_text, undecodable_error
-from lnblocks.study.lm.corpus.tokens import (
+from lnblocks.study.lm.data.corpus.cache import TokenWriter, corpus_lock, seal, unseal
+from lnblocks.study.lm.data.corpus.config import CorpusConfig, expand_patterns, text_files
+from lnblocks.study.lm.data.corpus.evict import Lease, evict, keep_limit, touch
+from lnblocks.study.lm.data.corpus.tokenizer import TextTokenizer
+from lnblocks.study.lm.data.corpus.tokenizing import tokenize_dataset, tokenize_text, undecodable_error
+from lnblocks.study.lm.data.corpus.tokens import (
     TokenFileSource,
     check_sample,
     reference_entry,
@@ -40,7 +40,7 @@ from lnblocks.study.lm.corpus.tokens import (
     same_content,
     token_count,
 )
-from lnblocks.study.lm.corpus.verify import check_vocab, check_windows, data_warnings, entry_problem
+from lnblocks.study.lm.data.corpus.verify import check_vocab, check_windows, data_warnings, entry_problem
 
 # 2: the held-out tail of a text file starts at the line start nearest its target (1 was the next unindented line),
 # and the manifest carries sha256s, max_id, the lineage and the files left out.

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from lnblocks._optional import require
-from lnblocks.study.lm.corpus import documents as docs
-from lnblocks.study.lm.corpus.cache import TokenWriter
-from lnblocks.study.lm.corpus.config import CorpusConfig, text_files
-from lnblocks.study.lm.corpus.tokenizer import BYTES, TextTokenizer
+from lnblocks.study.lm.data.corpus import documents as docs
+from lnblocks.study.lm.data.corpus.cache import TokenWriter
+from lnblocks.study.lm.data.corpus.config import CorpusConfig, text_files
+from lnblocks.study.lm.data.corpus.tokenizer import BYTES, TextTokenizer
 
 SPLITS = ("train", "val")
 MAX_NAMED = 10  # undecodable files named in one message

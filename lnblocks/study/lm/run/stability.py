@@ -87,7 +87,7 @@ def summary(loss: Sequence[float | None], grad_norm: Sequence[float | None], dia
 
 def grad_norm(model: nn.Module) -> Tensor:
     """The global gradient norm over all parameters, on the device (0-dim fp32; what ``clip_grad_norm_`` computes)."""
-    from lnblocks.study.lm.sharding import total_grad_norm
+    from lnblocks.study.lm.run.sharding import total_grad_norm
 
     return total_grad_norm([p.grad for p in model.parameters() if p.grad is not None])
 

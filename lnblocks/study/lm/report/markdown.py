@@ -1,35 +1,26 @@
-"""The ``lm`` task's report, built from its run records alone (``lnblocks study report OUT``): ``summary.csv``,
-``plots/*.png``, ``report.md`` and ``findings.json``, with the LR table and the findings printed. Runs without a
-valid record are named in ``report.md``; the numbers come from the valid ones. When no run trained (every one stuck
-on the plateau or diverged) the report says so first, with what would change it. Labels and texts are escaped for
-markdown tables (``|``, newlines). The report never fails once runs have trained: a claim family or plot that
-raises is named in the report and on stderr and the rest is written."""
+"""``report.md`` of an ``lm`` study, one function per section (``render_markdown`` puts them in order): the header,
+the runs without a valid record, the findings, the final loss against the LR, LR and warmup sensitivity, the init
+gradient profile, stability, the plots. When no run trained (every one stuck on the plateau or diverged) the report
+says so first, with what would change it. Labels and texts are escaped for markdown tables (``|``, newlines)."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-import sys
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lnblocks.study.core.atomic import write_json_atomic, write_text_atomic
 from lnblocks.study.core.claims import md_cell, md_line, md_row
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.lm.analysis import (
+from lnblocks.study.lm.config import AnalysisConfig
+from lnblocks.study.lm.report.analysis import (
     STABILITY_COLUMNS,
     grouped,
     lr_label,
     mean,
-    run_row,
     sensitivity_table,
     warmup_table,
 )
-from lnblocks.study.lm.config import AnalysisConfig
-from lnblocks.study.lm.init_profile import InitProfile, study_profiles
+from lnblocks.study.lm.report.init_profile import InitProfile
 
 if TYPE_CHECKING:
     from lnblocks.study.core.claims import Claim
@@ -125,15 +116,6 @@ def stability_section(rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def write_summary_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """``summary.csv``: one row per run, columns in ``run_row``'s order (atomically)."""
-    text = io.StringIO()
-    w = csv.DictWriter(text, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
-    write_text_atomic(path, text.getvalue())
-
-
 def render_markdown(
     manifest: dict[str, Any],
     records: list[RunRecord],
@@ -145,6 +127,24 @@ def render_markdown(
     profiles: list[InitProfile] | None = None,
     failures: list[str] | None = None,
 ) -> str:
+    """``report.md``: its sections in order, each a list of lines."""
+    lines = [
+        *header_section(manifest, records, rows, analysis),
+        *problems_section(problems or []),
+        *findings_section(findings, failures or []),
+        *lr_section(rows),
+        *sensitivity_section(rows, analysis),
+        *profile_section(profiles or []),
+        *stability_section(rows),
+        *plots_section(plots),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def header_section(
+    manifest: dict[str, Any], records: list[RunRecord], rows: list[dict[str, Any]], analysis: AnalysisConfig
+) -> list[str]:
+    """The title, the description, what was run and how a run is classified; first, when no run trained, that."""
     name = manifest.get("name", "study")
     n_div = sum(r["status"] == "diverged" for r in rows)
     cfg = records[0].config
@@ -167,10 +167,20 @@ def render_markdown(
     ]
     if not any(r["outcome"] == "trained" for r in rows):
         lines += [f"**{nothing_trained(rows, analysis)}**", ""]
-    if problems:
-        lines += [f"**{len(problems)} runs of this study have no valid record** and are not in the numbers below:", ""]
-        lines += [*(f"- {md_line(p)}" for p in problems), ""]
-    lines += [
+    return lines
+
+
+def problems_section(problems: list[str]) -> list[str]:
+    """The runs of the study without a valid record (left out of every number)."""
+    if not problems:
+        return []
+    lines = [f"**{len(problems)} runs of this study have no valid record** and are not in the numbers below:", ""]
+    return [*lines, *(f"- {md_line(p)}" for p in problems), ""]
+
+
+def findings_section(findings: list[Claim], failures: list[str]) -> list[str]:
+    """Every published claim the study's arms can test, with its verdict; then what could not be computed."""
+    lines = [
         "## Findings",
         "",
         "Each published claim the study's arms can test (docs/study-claims.md), with n, the estimate and its 95% "
@@ -187,16 +197,44 @@ def render_markdown(
             lines += [f"- **{f.id} {f.title}: {f.status}.** {md_line(f.text)}", ""]
     else:
         lines += ["No published claim applies to this study's arms.", ""]
-    for failure in failures or []:
+    for failure in failures:
         lines += [f"- **{md_line(failure)}**", ""]
-    lines += [
-        "## Final loss against learning rate",
-        "",
-        "Mean over seeds; ✗ some seed stuck, † some seed diverged.",
-        "",
-    ]
-    lines += [*lr_table(rows), ""]
-    lines += [
+    return lines
+
+
+def lr_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The final loss of every (arch, depth, warmup) against the learning rate."""
+    lines = ["## Final loss against learning rate", "", "Mean over seeds; ✗ some seed stuck, † some seed diverged.", ""]
+    return [*lines, *lr_table(rows), ""]
+
+
+SENSITIVITY_COLUMNS = [
+    ("arch", "arch"),
+    ("depth", "depth"),
+    ("warmup", "warmup"),
+    ("lr_sensitivity", "LR sensitivity"),
+    ("best_loss", "best loss"),
+    ("excess_over_depth_best", "excess over depth best"),
+    ("max_stable_lr", "max stable LR"),
+    ("failed", "failed runs"),
+    ("runs", "runs"),
+]
+WARMUP_COLUMNS = [
+    ("arch", "arch"),
+    ("depth", "depth"),
+    ("warmup", "warmup steps"),
+    ("loss_change", "loss(no warmup) − loss(warmup)"),
+    ("fail_rate_no_warmup", "failed, no warmup"),
+    ("fail_rate_warmup", "failed, warmup"),
+    ("div_rate_no_warmup", "diverged, no warmup"),
+    ("div_rate_warmup", "diverged, warmup"),
+    ("pairs", "pairs"),
+]
+
+
+def sensitivity_section(rows: list[dict[str, Any]], analysis: AnalysisConfig) -> list[str]:
+    """LR sensitivity and the max stable LR per arm and depth (Wortsman et al. 2023), then warmup sensitivity."""
+    lines = [
         "## Learning-rate and warmup sensitivity",
         "",
         "LR sensitivity (Wortsman et al. 2023): mean over the LR grid of min(loss, initial loss) − best such "
@@ -204,64 +242,50 @@ def render_markdown(
         "arm at that depth. Max stable LR: the largest LR within "
         f"{analysis.stable_tol} of that best loss.",
         "",
+        *_table(sensitivity_table(rows, analysis), SENSITIVITY_COLUMNS),
+        "",
     ]
-    lines += _table(
-        sensitivity_table(rows, analysis),
-        [
-            ("arch", "arch"),
-            ("depth", "depth"),
-            ("warmup", "warmup"),
-            ("lr_sensitivity", "LR sensitivity"),
-            ("best_loss", "best loss"),
-            ("excess_over_depth_best", "excess over depth best"),
-            ("max_stable_lr", "max stable LR"),
-            ("failed", "failed runs"),
-            ("runs", "runs"),
-        ],
-    )
-    lines.append("")
     wt = warmup_table(rows)
     if wt:
         lines += [
             "Warmup sensitivity: final loss without warmup minus with it (mean over LRs and seeds; capped at "
             "the initial loss), and the share of runs that failed (stuck or diverged) and that diverged.",
             "",
-        ]
-        lines += _table(
-            wt,
-            [
-                ("arch", "arch"),
-                ("depth", "depth"),
-                ("warmup", "warmup steps"),
-                ("loss_change", "loss(no warmup) − loss(warmup)"),
-                ("fail_rate_no_warmup", "failed, no warmup"),
-                ("fail_rate_warmup", "failed, warmup"),
-                ("div_rate_no_warmup", "diverged, no warmup"),
-                ("div_rate_warmup", "diverged, warmup"),
-                ("pairs", "pairs"),
-            ],
-        )
-        lines.append("")
-    if profiles:
-        src = profiles[0]
-        how = (
-            f"over {len(src.seeds)} fresh inits per row (seeds {src.seeds[0]}..{src.seeds[-1]}, no training)"
-            if src.source == "init_profile"
-            else "over the runs' own seeds"
-        )
-        lines += [
-            "## Gradient profile at initialization (Xiong et al. 2020, Fig. 3)",
-            "",
-            f"Expected gradient: the gradient averaged over {src.batches} batches at init, then its Frobenius norm, "
-            f"{how}.",
+            *_table(wt, WARMUP_COLUMNS),
             "",
         ]
-        lines += [*profile_table(profiles), ""]
-    lines += stability_section(rows)
-    lines += ["## Plots", ""]
-    lines += [*(f"![{p.stem}](plots/{p.name})" for p in plots), ""]
-    lines += ["Every number above comes from `summary.csv` and `runs/*.json` (per-step losses, per-layer diagnostics)."]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def profile_section(profiles: list[InitProfile]) -> list[str]:
+    """Xiong et al. 2020's gradient profile at init (Fig. 3), when it was measured."""
+    if not profiles:
+        return []
+    src = profiles[0]
+    how = (
+        f"over {len(src.seeds)} fresh inits per row (seeds {src.seeds[0]}..{src.seeds[-1]}, no training)"
+        if src.source == "init_profile"
+        else "over the runs' own seeds"
+    )
+    return [
+        "## Gradient profile at initialization (Xiong et al. 2020, Fig. 3)",
+        "",
+        f"Expected gradient: the gradient averaged over {src.batches} batches at init, then its Frobenius norm, {how}.",
+        "",
+        *profile_table(profiles),
+        "",
+    ]
+
+
+def plots_section(plots: list[Path]) -> list[str]:
+    """The plots, and where every number comes from."""
+    return [
+        "## Plots",
+        "",
+        *(f"![{p.stem}](plots/{p.name})" for p in plots),
+        "",
+        "Every number above comes from `summary.csv` and `runs/*.json` (per-step losses, per-layer diagnostics).",
+    ]
 
 
 def nothing_trained(rows: list[dict[str, Any]], analysis: AnalysisConfig) -> str:
@@ -286,65 +310,3 @@ def nothing_trained(rows: list[dict[str, Any]], analysis: AnalysisConfig) -> str
         f"No run of this study trained: {'; '.join(what)} would change that. Until then the claims that compare "
         "trained runs are NOT TESTED or INCONCLUSIVE."
     )
-
-
-def _guarded(what: str, failures: list[str], fn: Any, default: Any) -> Any:
-    """``fn()``, or ``default`` with one line in ``failures`` (and the traceback on stderr) when it raises: the
-    report is still written."""
-    try:
-        return fn()
-    except Exception as err:  # a bug in one claim family or plot must not cost the whole report
-        line = f"{what} could not be computed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
-        failures.append(line + "; please report it with this study's records")
-        print(f"warning: {line}\n{traceback.format_exc()}", file=sys.stderr)
-        return default
-
-
-def build_lm_report(
-    out: Path,
-    records: list[RunRecord],
-    manifest: dict[str, Any],
-    problems: list[str],
-    *,
-    plots: bool = True,
-    echo: bool = True,
-    show_progress: bool | None = None,
-    open_executor: Callable[[int], Any] | None = None,
-) -> int:
-    """Write ``summary.csv``, ``plots/``, ``report.md`` and ``findings.json`` of an ``lm`` study into ``out`` and
-    print the summary. ``show_progress``: draw the init-profile bar (default: when stderr is a terminal).
-    ``open_executor(n)``: the study's executor for the ``n`` init-profile jobs (None: here)."""
-    analysis = AnalysisConfig.from_dict(manifest.get("analysis"), key="analysis")
-    rows = [run_row(r, analysis) for r in records]
-    write_summary_csv(rows, out / "summary.csv")
-    from lnblocks._optional import require
-
-    require("numpy")  # the statistics behind the findings
-    from lnblocks.study.lm.findings import study_claims
-
-    show = sys.stderr.isatty() if show_progress is None else show_progress
-    failures: list[str] = []
-    profiles = _guarded(
-        "the init gradient profiles", failures,
-        lambda: study_profiles(
-            out, records, analysis.init_profile, show_progress=show, open_executor=open_executor
-        ), [],
-    )  # fmt: skip
-    findings = _guarded("the claims", failures, lambda: study_claims(rows, profiles), [])
-    made = []
-    if plots:
-        from lnblocks.study.lm.plots import all_plots
-
-        made = _guarded("the plots", failures, lambda: all_plots(records, rows, out / "plots"), [])
-    text = render_markdown(manifest, records, rows, findings, made, analysis, problems, profiles, failures)
-    write_text_atomic(out / "report.md", text)
-    write_json_atomic(out / "findings.json", [f.to_dict() for f in findings])
-    if echo:
-        if not any(r["outcome"] == "trained" for r in rows):
-            print(nothing_trained(rows, analysis))
-        print("\n".join(lr_table(rows)))
-        for f in findings:
-            settle = f"; would settle it: {f.settle()}" if f.settle() else ""
-            print(f"- {f.id} {f.title}: {f.status}" + (f" ({f.estimate}{settle})" if f.estimate else ""))
-        print(f"report: {out / 'report.md'}  summary: {out / 'summary.csv'}  plots: {out / 'plots'}")
-    return 0

@@ -125,9 +125,9 @@ def measure_seed(run: RunConfig, seed: int, batches: int) -> tuple[dict[str, lis
     import torch
 
     from lnblocks.models import GPT
-    from lnblocks.study.lm import diagnostics as diag
-    from lnblocks.study.lm.data import build_source
-    from lnblocks.study.lm.train import PROBE_SEED_OFFSET
+    from lnblocks.study.lm.data.builtin import build_source
+    from lnblocks.study.lm.run import diagnostics as diag
+    from lnblocks.study.lm.run.train import PROBE_SEED_OFFSET
 
     source = build_source(run.data)
     torch.manual_seed(seed)  # as train_run: the init, then the probe stream
@@ -235,7 +235,7 @@ def targets(records: list[RunRecord], warn: Any = None) -> dict[tuple[str, int],
     """One run config per (arm, depth) of the records (the first by id whose config still validates: a corpus may
     be gone; LR, warmup and seed do not change the init). An arm none of whose configs validates is left out,
     said through ``warn(line)``."""
-    from lnblocks.study.lm.analysis import arch_of
+    from lnblocks.study.lm.report.analysis import arch_of
 
     out: dict[tuple[str, int], RunConfig] = {}
     why: dict[tuple[str, int], str] = {}
@@ -271,7 +271,7 @@ def _readable_config(rec: RunRecord) -> dict[str, Any]:
 
 def profiles_from_runs(records: list[RunRecord]) -> list[InitProfile]:
     """The profiles the runs measured themselves (``init_grad``, one per training seed; ``init_profile.seeds: 0``)."""
-    from lnblocks.study.lm.analysis import arch_of
+    from lnblocks.study.lm.report.analysis import arch_of
 
     acc: dict[tuple[str, int], dict[int, RunRecord]] = {}
     for rec in sorted(records, key=lambda r: r.id):

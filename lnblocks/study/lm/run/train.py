@@ -1,5 +1,6 @@
 """One run of the ``lm`` task, the one place such a run trains: build the ``GPT`` its config describes, train it
-(learning-rate schedule ``lr_at``, optimizer ``build_optimizer``), log diagnostics, return its ``RunRecord``.
+(learning-rate schedule, optimizer and precision: ``lnblocks.study.lm.run.optim``), log diagnostics, return its
+``RunRecord``.
 
 A run that diverges (non-finite loss, or a loss far above its start for several steps, or a final eval loss far above
 its initial one) comes back with ``status: "diverged"`` and the step: a result, not an exception. Losses stay on
@@ -12,13 +13,13 @@ GPU-sized runs (``train.dtype``, ``compile``, ``grad_accum``): ``Precision`` hol
 the ``GradScaler``; ``forward_backward`` feeds one optimizer step's batch as ``grad_accum`` micro-batches;
 ``diagnostics.backends_used`` reads which norm and attention backends ran (fused Triton norms and flash-attn on CUDA
 when they can run, chosen by the modules themselves) into the record. With ``tracker``, the curves are logged as the
-losses are read, in the form the record keeps (``lnblocks.study.lm.curves.CurveLogger``).
+losses are read, in the form the record keeps (``lnblocks.study.lm.run.curves.CurveLogger``).
 
 Long runs (docs/long-runs.md): with ``checkpoints`` the run saves the model, the optimizer, the process's RNGs and
 its ``LoopState`` (losses, diagnostics, eval points, the data sampler, the divergence monitor, the GradScaler) at the
 end of the steps ``checkpoints.due`` names, and a new attempt continues from the newest valid checkpoint with the
 same record as if it had never stopped (timing and host fields aside; ``env.resumed_from`` says from which steps).
-Stability monitoring (``lnblocks.study.lm.stability``): the global gradient norm of every step is kept on the
+Stability monitoring (``lnblocks.study.lm.run.stability``): the global gradient norm of every step is kept on the
 device with the loss and read with it; spike scores, update RMS and small-variance shares go into the record.
 """
 
@@ -29,26 +30,26 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from lnblocks.study.core.checkpoint import Checkpoints
 from lnblocks.study.core.preemption import Preempted
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.core.tasks import DistContext, RunContext
 from lnblocks.study.core.tracking import Tracker
-from lnblocks.study.lm import diagnostics as diag
-from lnblocks.study.lm import stability as stab
-from lnblocks.study.lm.config import RunConfig, TrainConfig
-from lnblocks.study.lm.curves import CurveLogger
-from lnblocks.study.lm.data import build_source
-from lnblocks.study.lm.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
-from lnblocks.study.lm.loop_state import DivergenceMonitor, LoopState
+from lnblocks.study.lm.config import RunConfig
+from lnblocks.study.lm.data.builtin import build_source
 from lnblocks.study.lm.result import LMResult
-from lnblocks.study.lm.sharding import Sharded, data_parallel_degree, no_grad_sync
+from lnblocks.study.lm.run import diagnostics as diag
+from lnblocks.study.lm.run import stability as stab
+from lnblocks.study.lm.run.curves import CurveLogger
+from lnblocks.study.lm.run.diagnostics import backends_used, evaluate, finite_or_none, layer_ablation
+from lnblocks.study.lm.run.loop_state import DivergenceMonitor, LoopState
+from lnblocks.study.lm.run.optim import Precision, build_optimizer, deterministic_kernels, forward_backward, lr_at
+from lnblocks.study.lm.run.sharding import Sharded, data_parallel_degree
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
 
@@ -60,154 +61,6 @@ def resolve_device(name: str, dist: DistContext) -> torch.device:
     if not torch.cuda.is_available():
         raise ValueError("train.device is 'cuda' but no CUDA device is available")
     return torch.device("cuda", dist.local_rank if dist.enabled else torch.cuda.current_device())
-
-
-def lr_at(
-    step: int, lr: float, warmup: int, steps: int, schedule: str = "constant", min_lr_ratio: float = 0.0
-) -> float:
-    """Learning rate of 0-based ``step``: linear warmup ``lr * (step + 1) / warmup`` (Xiong et al. 2020, §3.2), then
-    ``"constant"``, ``"cosine"``/``"linear"`` decay from ``lr`` to ``min_lr_ratio * lr`` at ``steps - 1``, or
-    ``"inv_sqrt"`` ``lr * sqrt(max(warmup, 1) / (step + 1))`` (Vaswani et al. 2017)."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    if schedule == "constant":
-        return lr
-    if schedule == "inv_sqrt":
-        return lr * math.sqrt(max(warmup, 1) / (step + 1))
-    span = max(steps - 1 - warmup, 1)
-    frac = min(max((step - warmup) / span, 0.0), 1.0)
-    lo = min_lr_ratio * lr
-    if schedule == "cosine":
-        return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * frac))
-    if schedule == "linear":
-        return lr - (lr - lo) * frac
-    raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
-
-
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD from ``train.optimizer``; weight decay on matrices only (nanoGPT), never on norms,
-    biases or DyT's alpha."""
-    o = cfg.optimizer
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": decay_coefficient(cfg)}, {"params": rest, "weight_decay": 0.0}]
-    if o.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=o.momentum, foreach=True)
-    cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
-    return cls(groups, lr=cfg.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
-
-
-def decay_coefficient(cfg: TrainConfig) -> float:
-    """The ``weight_decay`` to give torch's AdamW, which decays by ``lr_t * weight_decay`` per step. With
-    ``optimizer.independent_wd`` that is ``weight_decay / lr``, so the decay per step is ``weight_decay * lr_t / lr``:
-    the schedule's factor times ``weight_decay``, independent of the peak LR (Wortsman et al. 2023, sec. 3.2.2)."""
-    o = cfg.optimizer
-    return o.weight_decay / cfg.lr if o.independent_wd else o.weight_decay
-
-
-def z_loss_term(logits: Tensor, coefficient: float) -> Tensor:
-    """``coefficient * mean(log(Z)^2)`` over positions, ``log Z = logsumexp(logits)`` in fp32 (PaLM's auxiliary
-    z-loss, Chowdhery et al. 2022, arXiv 2204.02311): pulls the softmax normaliser towards 1."""
-    return coefficient * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
-
-
-_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass
-class Precision:
-    """``train.dtype`` on one device: ``autocast()`` for forward passes, and for fp16 a ``GradScaler`` (the loss is
-    scaled for backward, the grads unscaled before clipping and diagnostics, and a step with inf/NaN grads skipped)."""
-
-    device_type: str
-    dtype: torch.dtype | None = None
-    scaler: Any = None
-
-    @classmethod
-    def of(cls, name: str, device: torch.device) -> Precision:
-        dtype = _AUTOCAST[name]
-        scaler = torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
-        return cls(device.type, dtype, scaler)
-
-    def autocast(self) -> Any:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
-
-    def backward(self, loss: Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-
-    def unscale_(self, opt: torch.optim.Optimizer) -> None:
-        if self.scaler is not None:
-            self.scaler.unscale_(opt)
-
-    def step(self, opt: torch.optim.Optimizer) -> None:
-        if self.scaler is None:
-            opt.step()
-        else:
-            self.scaler.step(opt)
-            self.scaler.update()
-
-
-def forward_backward(
-    model: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    accum: int,
-    precision: Precision,
-    z_loss: float = 0.0,
-    full_logits: bool = False,
-) -> Tensor:
-    """Forward and backward passes of one optimizer step's batch ``x``, ``y`` ``(B, T)`` as ``accum`` micro-batches
-    (gradients accumulate; DDP all-reduces on the last one only); returns the batch's mean cross-entropy, detached,
-    in fp32 (``z_loss`` > 0 adds the z-loss, ``z_loss * mean(logsumexp(logits)^2)``, to what is back-propagated,
-    not to what is returned). With ``accum == 1`` and no z-loss this is the plain ``loss.backward()``.
-
-    The LM head, the loss and the z-loss come in chunks of rows (``GPT.forward(..., return_logits=False)``,
-    ``lnblocks.models.loss``): no ``(B, T, V)`` logits. ``full_logits=True``: the route before it (the logits, then
-    ``z_loss_term``), kept for the benchmarks and tests that compare the two."""
-    total: Tensor | None = None
-    micro = list(zip(x.chunk(accum), y.chunk(accum)))  # accum x ((B / accum, T), (B / accum, T))
-    for i, (xi, yi) in enumerate(micro):
-        last = i == accum - 1
-        with contextlib.nullcontext() if last else no_grad_sync(model):
-            with precision.autocast():
-                if full_logits:
-                    logits, loss = model(xi, yi)  # (B, T, V), ()
-                else:
-                    stats, loss = model(xi, yi, return_logits=False, z_loss=z_loss)
-            objective = loss
-            if z_loss:
-                objective = loss + (z_loss_term(logits, z_loss) if full_logits else stats.z_loss)
-            precision.backward(objective if accum == 1 else objective / accum)
-        value = loss.detach().float()
-        if hasattr(value, "full_tensor"):  # a loss-parallel loss: a replicated DTensor scalar
-            value = value.full_tensor()
-        total = value if total is None else total + value
-    assert total is not None
-    return total if accum == 1 else total / accum
-
-
-@contextlib.contextmanager
-def deterministic_kernels(on: bool) -> Any:
-    """``train.deterministic``: inside the block, PyTorch picks deterministic kernels or raises
-    (``use_deterministic_algorithms``), cuDNN runs deterministic algorithms without autotuning, cuBLAS gets the fixed
-    workspace it needs (``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless set; it takes effect in a process that has not used
-    cuBLAS yet, as the executors' workers) and flash-attn its deterministic backward; restored afterwards."""
-    if not on:
-        yield
-        return
-    cudnn = torch.backends.cudnn
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             cudnn.deterministic, cudnn.benchmark)  # fmt: skip
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    cudnn.deterministic, cudnn.benchmark = True, False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-        cudnn.deterministic, cudnn.benchmark = saved[2], saved[3]
 
 
 def _progress(total: int, desc: str, position: int, show: bool) -> Any:

@@ -1,7 +1,7 @@
 """Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture" (arXiv 2002.04745): claims X1-X8 of
 docs/study-claims.md, each a statistic with its interval and a three-valued verdict.
 
-X1-X5 read the gradient profile at init over many fresh seeds (``lnblocks.study.lm.init_profile``); X6-X8 are
+X1-X5 read the gradient profile at init over many fresh seeds (``lnblocks.study.lm.report.init_profile``); X6-X8 are
 threshold claims on the trained runs, stated so that a wider LR grid cannot flip them: they compare where each arm
 stops training (its largest stable LR), pooled over the cells of the grid as discordant run pairs.
 """
@@ -15,7 +15,7 @@ import numpy as np
 
 from lnblocks.study.core.claims import Claim, judged
 from lnblocks.study.core.stats import mean_interval, slope_over_seeds
-from lnblocks.study.lm.findings.common import (
+from lnblocks.study.lm.report.findings.common import (
     SHARE_RULE,
     discordant,
     discordant_text,
@@ -25,7 +25,7 @@ from lnblocks.study.lm.findings.common import (
     roles,
     threshold_text,
 )
-from lnblocks.study.lm.init_profile import InitProfile
+from lnblocks.study.lm.report.init_profile import InitProfile
 
 PAPER = "Xiong et al. 2020 (2002.04745)"
 GRAD_RULE = "per-seed least-squares slope of log ||grad W_2|| on the layer index l = 1..L, mean over seeds"

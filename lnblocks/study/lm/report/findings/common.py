@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lnblocks.study.core.stats import Estimate, agreement, largest_stable_lr
-from lnblocks.study.lm.analysis import lr_label
+from lnblocks.study.lm.report.analysis import lr_label
 
 SHARE_RULE = "share rule: REPRODUCED when the 95% Clopper-Pearson lower bound is above 1/2 (>= 6/6, 8/9, 10/12, 13/16)"
 INTERVAL_RULE = "REPRODUCED when the 95% interval lies wholly on the claimed side"

@@ -13,9 +13,9 @@ marker block per study, refreshed in place::
 and ``FIGURES`` names the PNGs under ``docs/img/`` drawn from the same folders. Each PNG carries the SHA-256 of the
 figure's data (every number, label and title it shows) in its metadata, so a stale one is found without drawing::
 
-    python -m lnblocks.study.lm.docs_results export runs/placements docs/results/placements   # after a study run
-    python -m lnblocks.study.lm.docs_results docs             # refresh every claims block and figure
-    python -m lnblocks.study.lm.docs_results docs --check     # exit 1 naming what is stale, change nothing
+    python -m lnblocks.study.lm.report.docs_results export runs/placements docs/results/placements   # after a study run
+    python -m lnblocks.study.lm.report.docs_results docs             # refresh every claims block and figure
+    python -m lnblocks.study.lm.report.docs_results docs --check     # exit 1 naming what is stale, change nothing
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from lnblocks.study.core.atomic import write_json_atomic
 from lnblocks.study.core.claims import Claim, claims_table
 from lnblocks.study.core.records import read_json
 from lnblocks.study.core.stats import mean_interval
-from lnblocks.study.lm.analysis import capped, lr_label, read_summary
-from lnblocks.study.lm.findings import study_claims
-from lnblocks.study.lm.init_profile import FILE as CACHE_FILE
-from lnblocks.study.lm.init_profile import InitProfile
+from lnblocks.study.lm.report.analysis import capped, lr_label, read_summary
+from lnblocks.study.lm.report.findings import study_claims
+from lnblocks.study.lm.report.init_profile import FILE as CACHE_FILE
+from lnblocks.study.lm.report.init_profile import InitProfile
 
-RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[4] / "docs" / "results"
 REPO = RESULTS.parents[1]
 PROFILES = "init_profiles.json"
 KEEP_GROUPS = ("W_2",)
@@ -237,7 +237,7 @@ def spec_hash(spec: dict[str, Any]) -> str:
 
 def write_figures(img_dir: str | Path, root: str | Path = RESULTS) -> list[Path]:
     """Draw every figure of ``FIGURES`` into ``img_dir`` (its data's hash in the PNG's metadata)."""
-    from lnblocks.study.lm.plots import draw_figure
+    from lnblocks.study.lm.report.plots import draw_figure
 
     img_dir = Path(img_dir)
     img_dir.mkdir(parents=True, exist_ok=True)
@@ -303,7 +303,9 @@ def refresh_docs(repo: str | Path = REPO, root: str | Path = RESULTS, check: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lnblocks.study.lm.docs_results", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m lnblocks.study.lm.report.docs_results", description=__doc__.split("\n\n")[0]
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="copy a study's summary, init profiles and report into a results folder")
     ex.add_argument("out_dir")
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = refresh_docs(args.repo, args.root, check=args.check)
     if args.check:
         if stale:
-            print(f"stale (run python -m lnblocks.study.lm.docs_results docs): {stale}", file=sys.stderr)
+            print(f"stale (run python -m lnblocks.study.lm.report.docs_results docs): {stale}", file=sys.stderr)
         return 1 if stale else 0
     print(json.dumps({"updated": stale}))
     return 0

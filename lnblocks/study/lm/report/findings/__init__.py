@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from lnblocks.study.core.claims import Claim
-from lnblocks.study.lm.findings.placements import placement_claims
-from lnblocks.study.lm.findings.wortsman import wortsman_claims
-from lnblocks.study.lm.findings.xiong import xiong_claims
-from lnblocks.study.lm.init_profile import InitProfile
+from lnblocks.study.lm.report.findings.placements import placement_claims
+from lnblocks.study.lm.report.findings.wortsman import wortsman_claims
+from lnblocks.study.lm.report.findings.xiong import xiong_claims
+from lnblocks.study.lm.report.init_profile import InitProfile
 
 __all__ = ["placement_claims", "study_claims", "wortsman_claims", "xiong_claims"]
 
