@@ -127,7 +127,7 @@ def measure_seed(run: RunConfig, seed: int, batches: int) -> tuple[dict[str, lis
     from lnblocks.models import GPT
     from lnblocks.study.lm.data.builtin import build_source
     from lnblocks.study.lm.run import diagnostics as diag
-    from lnblocks.study.lm.run.train import PROBE_SEED_OFFSET
+    from lnblocks.study.lm.run.setup import PROBE_SEED_OFFSET
 
     source = build_source(run.data)
     torch.manual_seed(seed)  # as train_run: the init, then the probe stream
