@@ -41,7 +41,7 @@ _PUBLIC = {
     "study_from_dict": "lnblocks.study.core.study_config",
     "RecordError": "lnblocks.study.core.records",
     "RunRecord": "lnblocks.study.core.records",
-    "read_record": "lnblocks.study.core.records",
+    "read_record": "lnblocks.study.core.tasks",
     "write_record": "lnblocks.study.core.records",
     "build_report": "lnblocks.study.core.report",
     "run_study": "lnblocks.study.core.runner",

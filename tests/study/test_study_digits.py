@@ -111,11 +111,12 @@ def test_cli_end_to_end_resume_and_corrupt_record(tmp_path: Path, capsys: pytest
 def test_records_the_report_cannot_read_are_refused() -> None:
     """A record whose config does not build the settings, or whose SwitchableNorm weights or AGC ratio are not what
     the claims read, is refused (and so redone) instead of crashing every report."""
-    from lnblocks.study.core.records import RecordError, RunRecord
+    from lnblocks.study.core.records import RecordError
+    from lnblocks.study.core.tasks import record_from_json
 
     run = DigitsRunConfig(norm="switchable", batch_size=16, seed=0, epochs=1, min_steps=1, max_train=64, widths=(8, 8))
     good = train_run(run).to_json()
-    assert RunRecord.from_json(json.loads(json.dumps(good))).result.switch_weights
+    assert record_from_json(json.loads(json.dumps(good))).result.switch_weights
     result, config = good["result"], good["config"]
     for key, damaged in (
         ("result.switch_weights", {"result": {**result, "switch_weights": [{"mean": 1}]}}),
@@ -125,4 +126,4 @@ def test_records_the_report_cannot_read_are_refused() -> None:
         ("config", {"config": {**config, "epochs": -1}}),
     ):  # fmt: skip
         with pytest.raises(RecordError, match=rf"^x\.json: {re.escape(key)}"):
-            RunRecord.from_json({**good, **damaged}, source="x.json")
+            record_from_json({**good, **damaged}, source="x.json")

@@ -13,6 +13,7 @@ from torch.nn.utils import parametrize
 
 import lnblocks.cnn as C
 from lnblocks.study import study_from_dict
+from lnblocks.study.core.tasks import record_from_json
 from lnblocks.study.digits.arms import LRN_ALPHA, LRN_BETA, LRN_K, LRN_SIZE, DigitsCNN, weight_norm_data_init
 from lnblocks.study.digits.config import NORM_KINDS, NORM_LABELS, DigitsRunConfig, DigitsStudyConfig
 from lnblocks.study.digits.train import load_digits_data, train_run
@@ -125,5 +126,5 @@ def test_switchable_run_records_its_learned_mix() -> None:
             assert set(layer[kind]) == {"in", "ln", "bn"}
             assert math.isclose(sum(layer[kind].values()), 1.0, rel_tol=1e-9)
     assert any(abs(w - 1 / 3) > 1e-4 for layer in weights for w in layer["mean"].values())  # it learned
-    again = type(rec).from_json(rec.to_json())  # the record round-trips through JSON with its weights
+    again = record_from_json(rec.to_json())  # the record round-trips through JSON with its weights
     assert again.result.switch_weights == weights

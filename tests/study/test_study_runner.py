@@ -18,7 +18,8 @@ from lnblocks.cli import main as cli_main
 from lnblocks.study import build_report, load_study, run_study
 from lnblocks.study.core.atomic import TMP_MARK, remove_stale_tmp, write_json_atomic
 from lnblocks.study.core.outdir import check_record
-from lnblocks.study.core.records import RecordError, read_record
+from lnblocks.study.core.records import RecordError
+from lnblocks.study.core.tasks import read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -55,9 +55,12 @@ def test_records_carry_their_tasks_result_type(tmp_path: Path) -> None:
     result = DigitsResult(lr=0.1, epochs=1, steps=2, final_train_loss=1.0, train_acc=50.0, test_acc=40.0)
     config = {"norm": "batch", "batch_size": 8, "seed": 0}
     rec = RunRecord("x", "cnn_digits", "finished", {}, config, result, {"wall_s": 1.0, "cpu_s": 1.0}, {})
-    with pytest.raises(RecordError, match=r"result must be a LMResult for task 'lm'"):
-        RunRecord("x", "lm", "finished", {}, config, result, {}, {})
+    with pytest.raises(RecordError, match=r"result must be a task's result dataclass, got dict"):
+        RunRecord("x", "lm", "finished", {}, config, {"lr": 0.1}, {}, {})
     raw = rec.to_json()
+    (tmp_path / "x.json").write_text(json.dumps({**raw, "task": "lm"}))  # read as the lm task's: not its result
+    with pytest.raises(RecordError, match=r"x\.json: config\.data is missing"):
+        read_record(tmp_path / "x.json")
     (tmp_path / "x.json").write_text(json.dumps(raw))
     assert read_record(tmp_path / "x.json") == rec
     (tmp_path / "x.json").write_text(json.dumps({**raw, "task": "vision"}))

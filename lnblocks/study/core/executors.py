@@ -32,8 +32,9 @@ from multiprocessing.connection import wait
 from typing import Any, Protocol
 
 from lnblocks.study.core import preemption
+from lnblocks.study.core.dist import DistContext
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.core.tasks import DistContext, RunContext, get_task
+from lnblocks.study.core.tasks import RunContext, get_task
 
 MAX_STARTUP_FAILURES = 3
 

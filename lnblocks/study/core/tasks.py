@@ -1,5 +1,6 @@
-"""What the study's core needs from one kind of experiment (a *task*), what it hands a task's ``train``, and the
-registry of tasks by name.
+"""What the study's core needs from one kind of experiment (a *task*), what it hands a task's ``train``, the registry
+of tasks by name, and a run record read by its task (``read_record``: the task's upgrade of older records, then the
+envelope and the task's result type, ``core.records``).
 
 The core never imports a task: ``lnblocks/study/__init__.py`` registers each one by module path
 (``register_task("lm", "lnblocks.study.lm.task", default=True)``) and ``get_task`` imports that module on first use
@@ -14,31 +15,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lnblocks.config import ConfigValueError
+from lnblocks.study.core.dist import DistContext
+from lnblocks.study.core.records import SCHEMA, SCHEMA_V1, RecordError, RunRecord, check_envelope, read_json
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from lnblocks.study.core.checkpoint import Checkpoints
     from lnblocks.study.core.grid import GridAxis
-    from lnblocks.study.core.records import RunRecord
     from lnblocks.study.core.tracking import Tracker, TrackingConfig
 
-
-@dataclass(frozen=True)
-class DistContext:
-    """Where this process sits in a ``torchrun`` job (world size 1: not distributed)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
+__all__ = ["DistContext", "RunContext", "Task", "default_task_name", "get_task", "read_record", "record_from_json",
+           "register_task", "task_names"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -142,3 +130,32 @@ def get_task(name: str) -> Task:
     if task.name != name:
         raise RuntimeError(f"{_MODULES[name]}.TASK is named {task.name!r}, registered as {name!r}")
     return task
+
+
+# ---- a record, read by its task --------------------------------------------------------------------------------
+
+
+def record_from_json(obj: Any, source: str = "") -> RunRecord:
+    """A record's JSON object as its task reads it: the task's ``upgrade_record`` first (records older lnblocks
+    wrote: schema 1, which only the default task had, or configs with keys since renamed), then the envelope and the
+    task's ``result_type`` (``RunRecord.from_json``); ``RecordError`` names ``source`` and the first bad key."""
+    if not isinstance(obj, Mapping):
+        raise RecordError(source, "", f"a run record must be a JSON object, got {type(obj).__name__}")
+    fmt = obj.get("format")
+    if fmt not in (SCHEMA, SCHEMA_V1):
+        raise RecordError(source, "format", f"must be {SCHEMA!r} (or the older {[SCHEMA_V1]}), got {fmt!r}")
+    name = obj.get("task") if fmt == SCHEMA else default_task_name()
+    upgrade = get_task(name).upgrade_record if isinstance(name, str) and name in task_names() else None
+    if upgrade is not None:
+        obj = upgrade(obj, source)
+    elif fmt == SCHEMA_V1:
+        raise RecordError(source, "format", f"{SCHEMA_V1!r} records are read by the task that wrote them: none")
+    check_envelope(obj, source)
+    if obj["task"] not in task_names():
+        raise RecordError(source, "task", f"must be one of {task_names()}, got {obj['task']!r}")
+    return RunRecord.from_json(obj, source, result_type=get_task(obj["task"]).result_type)
+
+
+def read_record(path: str | Path) -> RunRecord:
+    """Load and validate the record at ``path``; ``RecordError`` (naming the file and key) if it is unusable."""
+    return record_from_json(read_json(path, "run record"), source=str(path))

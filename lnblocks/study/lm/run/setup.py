@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lnblocks.study.core.checkpoint import Checkpoints
-from lnblocks.study.core.tasks import DistContext
+from lnblocks.study.core.dist import DistContext
 from lnblocks.study.core.tracking import Tracker
 from lnblocks.study.lm.config import RunConfig
 from lnblocks.study.lm.data.builtin import build_source

@@ -33,9 +33,10 @@ import torch
 from torch import Tensor
 
 from lnblocks.study.core.checkpoint import Checkpoints
+from lnblocks.study.core.dist import DistContext
 from lnblocks.study.core.preemption import Preempted
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.core.tasks import DistContext, RunContext
+from lnblocks.study.core.tasks import RunContext
 from lnblocks.study.core.tracking import Tracker
 from lnblocks.study.lm.config import RunConfig
 from lnblocks.study.lm.run import diagnostics as diag
