@@ -4,7 +4,7 @@ study's conveniences; validated by building the ``GPTConfig``.
 
 The library fields are listed here as plain fields (typed ``Any``: the library validates them) with the library's
 defaults, except ``init`` (the study's ``xavier``) and the nested ``attention`` / ``mlp`` (typed as the library's
-configs, so dotted keys reach into them; None: the library's default); ``tests/study/test_study_config.py`` checks
+configs, so dotted keys reach into them; None: the library's default); ``tests/study/lm/test_model_config.py`` checks
 that they stay the library's fields with its defaults.
 """
 
