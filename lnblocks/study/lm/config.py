@@ -100,6 +100,13 @@ class DataConfig(CorpusFields, Config):
         for name in CORPUS_KEYS:
             self._set(name, getattr(corpus, name))
 
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The source's own keys, then the corpus keys, then ``corpus``: the order the records have always had (the
+        corpus keys are inherited from ``CorpusFields``, which a dataclass would list first)."""
+        own = [n for n in super().field_names() if n not in CORPUS_KEYS and n != "corpus"]
+        return [*own, *CORPUS_KEYS, "corpus"]
+
     def to_dict(self) -> dict[str, Any]:
         """Every resolved key; for a corpus source bound to its prepared corpus (``RunConfig.bind_corpus``, which
         the runner does before it uses ids), the keys that locate and tokenize it (``CORPUS_KEYS``,
