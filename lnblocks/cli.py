@@ -69,13 +69,13 @@ def _cmd_study_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_prepare(args: argparse.Namespace) -> int:
-    from lnblocks.study.lm.data import data_prepare_command
+    from lnblocks.study.lm.data.builtin import data_prepare_command
 
     return data_prepare_command(args.config, _overrides(args.set))
 
 
 def _cmd_data_clean(args: argparse.Namespace) -> int:
-    from lnblocks.study.lm.corpus.evict import clean_command
+    from lnblocks.study.lm.data.corpus.evict import clean_command
 
     return clean_command(args.cache_dir, args.keep, args.all)
 

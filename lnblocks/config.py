@@ -21,6 +21,7 @@ import dataclasses
 import math
 import numbers
 import operator
+import typing
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -174,6 +175,37 @@ class Config:
     def field_names(cls) -> list[str]:
         """The keys ``from_dict`` accepts."""
         return [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+
+    @classmethod
+    def nested_config(cls, name: str) -> type[Config] | None:
+        """The ``Config`` class field ``name`` holds, read from its annotation (``optimizer: OptimizerConfig``,
+        ``checkpoint: CheckpointConfig | None``), or None for a plain value."""
+        try:
+            hint = typing.get_type_hints(cls).get(name)
+        except (NameError, TypeError):  # an annotation that cannot be resolved here: a plain value
+            return None
+        for t in (hint, *typing.get_args(hint)):
+            if isinstance(t, type) and issubclass(t, Config):
+                return t
+        return None
+
+    @classmethod
+    def check_key(cls, key: str, where: str = "") -> None:
+        """``ConfigValueError`` unless the dotted ``key`` names an option of this config: one of its fields, or,
+        through a field that holds a nested config, one of that config's (``optimizer.beta2``). ``where``: where the
+        key was given (``"grid"``), for the message. How a study checks a grid axis before any run is built."""
+        owner: type[Config] | None = cls
+        done: list[str] = []
+        context = f" (in {where})" if where else ""
+        for part in key.split("."):
+            if owner is None:
+                raise ConfigValueError(key, f"is not a config key{context}: {'.'.join(done)} takes a value, not keys")
+            names = owner.field_names()
+            if part not in names:
+                of = repr(".".join(done)) if done else owner.__name__
+                raise ConfigValueError(key, f"is not a config key{context}; valid keys of {of}: {names}")
+            done.append(part)
+            owner = owner.nested_config(part)
 
     @classmethod
     def from_dict(cls: type[C], options: Mapping[str, Any] | C | None = None, *, key: str = "") -> C:

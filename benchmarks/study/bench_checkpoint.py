@@ -33,7 +33,7 @@ from lnblocks.study import RunConfig
 from lnblocks.study.core.checkpoint import CheckpointConfig, Checkpoints
 from lnblocks.study.core.executors import Job, train_job
 from lnblocks.study.core.tasks import DistContext
-from lnblocks.study.lm.train import build_optimizer
+from lnblocks.study.lm.run.optim import build_optimizer
 
 GPT2 = {"depth": 12, "dim": 768, "n_heads": 12, "activation": "gelu", "positions": "learned"}
 
@@ -135,7 +135,7 @@ def overhead(root: Path, depth: int, steps: int, repeats: int) -> None:
 
 
 def grad_norm_cost(depths: tuple[int, ...] = (3, 12), reps: int = 200) -> None:
-    from lnblocks.study.lm.stability import grad_norm
+    from lnblocks.study.lm.run.stability import grad_norm
 
     print("\n| depth | grad norm (ms) | forward + backward (ms) | share |\n|---|---|---|---|")
     for depth in depths:

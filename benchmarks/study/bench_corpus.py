@@ -105,7 +105,7 @@ def batches(seq_len: int, batch: int, repeats: int) -> dict[str, float]:
 def long_line(mib: int, repeats: int) -> list[tuple[str, float, float]]:
     """``(what, s/MiB without whitespace, s/MiB with spaces)`` for a ``mib`` MiB file of one line."""
     from lnblocks.study.lm.corpus import CorpusConfig, prepare_corpus
-    from lnblocks.study.lm.corpus.documents import read_pieces
+    from lnblocks.study.lm.data.corpus.documents import read_pieces
 
     size = mib << 20
     rows: dict[str, list[float]] = {"prepare, tokenizer bytes": [], "cut into pieces (text tokenizers)": []}

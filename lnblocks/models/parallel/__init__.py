@@ -2,22 +2,23 @@
 
 ``ParallelConfig`` says the mesh ``(dp_shard, tp)`` and options; ``build_mesh`` makes the mesh, ``parallelize``
 shards a model in place, ``split_batch`` gives a rank its rows, ``loss_context`` wraps a loss-parallel step.
-Importing this package imports ``torch.distributed``; ``lnblocks.models`` does not import it.
+The names load on first use: ``ParallelConfig`` alone (``lnblocks.models.parallel.config``, what a config that
+holds a layout imports) does not import torch.distributed's FSDP and tensor-parallel modules; the others do.
+``lnblocks.models`` does not import this package.
 """
 
-from lnblocks.models.parallel.apply import (
-    apply_fsdp,
-    apply_tensor_parallel,
-    build_mesh,
-    check_mesh,
-    full_grads,
-    loss_context,
-    parallelize,
-    split_batch,
-)
-from lnblocks.models.parallel.config import ParallelConfig
-from lnblocks.models.parallel.styles import FusedColwiseParallel, GatherInput, NormParallel, ReplicateParallel
+from __future__ import annotations
 
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "ParallelConfig": "config",
+    **dict.fromkeys(
+        ("apply_fsdp", "apply_tensor_parallel", "build_mesh", "check_mesh", "full_grads", "loss_context",
+         "parallelize", "split_batch"), "apply"),
+    **dict.fromkeys(("FusedColwiseParallel", "GatherInput", "NormParallel", "ReplicateParallel"), "styles"),
+}  # fmt: skip
 __all__ = [
     "FusedColwiseParallel",
     "GatherInput",
@@ -33,3 +34,15 @@ __all__ = [
     "parallelize",
     "split_batch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'lnblocks.models.parallel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

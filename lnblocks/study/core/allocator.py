@@ -6,8 +6,8 @@ run time up to 32 MiB by the sizes freed) with a fresh ``mmap`` that ``free`` un
 heap to the kernel once more than ``M_TRIM_THRESHOLD`` of it is free; either way the next step's buffer of the same
 size is faulted in again page by page, zeroed by the kernel. A training step that allocates and frees the same
 multi-MiB buffers every step (the LM head's weight gradient, the optimizer's temporaries, and full logits where they
-are still built) then spends a large share of its CPU time in the kernel (lnblocks issue 23: 43% of a study's CPU
-time at vocabulary 30,522; benchmarks/study/README.md, ``bench_study_step.py``).
+are still built) then spends a large share of its CPU time in the kernel (measured before this module existed: 43% of
+a study's CPU time at vocabulary 30,522; benchmarks/study/README.md, ``bench_study_step.py``).
 
 ``tune_allocator`` sets both thresholds to ``THRESHOLD`` with ``mallopt`` in the running process, once. The
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` variables do the same but glibc reads them only when a process

@@ -13,7 +13,7 @@ defaults to ``OUT/checkpoints``), one folder per step::
                                      each rank writing its part (DDP replicas, or FSDP2/TP shards)
                      state-<rank>.pt the task's state and the process's RNGs (torch CPU and CUDA, numpy, Python)
 
-Either form resumes under any world size and layout (resharding; issue 21): DCP reads its shards into whatever
+Either form resumes under any world size and layout (resharding): DCP reads its shards into whatever
 sharded or plain state dict the new run's model and optimizer give, and a ``model.pt`` is loaded as a full state dict
 and sharded by ``set_state_dict``. A run resumed under another world size reads rank 0's ``state-0.pt`` on every rank
 (the task's state is the same on every rank; the RNG streams are rank 0's), and continues the uninterrupted run up to
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_float, check_int, check_str
-from lnblocks.study.core.tasks import DistContext
+from lnblocks.study.core.dist import DistContext
 
 FORMAT = "lnblocks.checkpoint/1"
 FAULT_ENV = "LNBLOCKS_CHECKPOINT_FAULT"

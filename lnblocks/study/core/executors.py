@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -31,8 +32,9 @@ from multiprocessing.connection import wait
 from typing import Any, Protocol
 
 from lnblocks.study.core import preemption
+from lnblocks.study.core.dist import DistContext
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.core.tasks import DistContext, RunContext, get_task
+from lnblocks.study.core.tasks import RunContext, get_task
 
 MAX_STARTUP_FAILURES = 3
 
@@ -101,11 +103,23 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> A
     torch.set_flush_denormal(True)  # denormals can make a sweep several times slower on CPU
     try:
         torch.set_num_threads(job.run.threads)
-        fn = job.call if job.call is not None else get_task(job.task).train
-        return fn(job.run, ctx)
+        if job.call is not None:
+            return job.call(job.run, ctx)
+        with _tracker(job, dist) as tracker:  # the run's curves, live
+            return get_task(job.task).train(job.run, dataclasses.replace(ctx, tracker=tracker))
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)  # torch's default: leave the process as it was
+
+
+def _tracker(job: Job, dist: DistContext) -> contextlib.AbstractContextManager[Any]:
+    """The tracker a run logs its curves to while it trains (rank 0, when the job carries ``tracking``), else
+    nothing."""
+    if job.tracking is None or job.out_dir is None or not dist.is_main:
+        return contextlib.nullcontext(None)
+    from lnblocks.study.core.tracking import open_tracker
+
+    return open_tracker(job.tracking, job.out_dir, job.run_id, job.run.to_dict())
 
 
 def execute(job: Job, position: int = 0) -> Outcome:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lnblocks.study.core.atomic import remove_stale_tmp, write_json_atomic
-from lnblocks.study.core.records import RecordError, read_json, read_record
+from lnblocks.study.core.records import RecordError, read_json
+from lnblocks.study.core.tasks import read_record
 
 if TYPE_CHECKING:
     from lnblocks.study.core.study_config import StudyConfig

@@ -1,10 +1,11 @@
 """The run record: one ``RunRecord`` per finished run, an envelope every task shares around the task's own typed
 ``result``; its schema version, validation, and reading/writing ``runs/<run id>.json``.
 
-A record is what a task's ``train`` returns for one run. The runner writes records and the report reads them; the
-result type of each task (``Task.result_type``: a frozen dataclass with ``CONFIG``/``TIME``/``SPEC`` class
-attributes naming the keys to check, and optionally a ``check_json(record, source)`` classmethod for nested
-entries and value ranges) comes from the task registry. A record that passes is one every report of its task can read.
+A record is what a task's ``train`` returns for one run. The runner writes records and the report reads them, each
+through its task (``core.tasks.read_record``), which gives ``RunRecord.from_json`` its result type
+(``Task.result_type``: a frozen dataclass with ``CONFIG``/``TIME``/``SPEC`` class attributes naming the keys to check,
+and optionally a ``check_json(record, source)`` classmethod for nested entries and value ranges). This module knows
+no task. A record that passes is one every report of its task can read.
 
 JSON layout (schema ``lnblocks.study.run/2``)::
 
@@ -16,10 +17,10 @@ JSON layout (schema ``lnblocks.study.run/2``)::
 when present): the ``train.parallel`` layout it was sharded with (an execution key, not in ``config``).
 
 Non-finite numbers are stored as ``null`` (JSON has no NaN). Every record passes through its task's
-``upgrade_record`` (if any) before it is checked, so a task reads what older versions of it wrote; records of
-schema ``lnblocks.study.run/1`` were written when the study had one task, the default one (measurements at the top
-level), and are that task's to upgrade. A record that fails validation raises ``RecordError`` naming the file and
-the dotted key; the runner redoes such runs.
+``upgrade_record`` (if any) before it is checked (``core.tasks.record_from_json``), so a task reads what older
+versions of it wrote; records of schema ``lnblocks.study.run/1`` were written when the study had one task, the
+default one (measurements at the top level), and are that task's to upgrade. A record that fails validation raises
+``RecordError`` naming the file and the dotted key; the runner redoes such runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks.study.core.atomic import finite_or_null, write_json_atomic
-from lnblocks.study.core.tasks import default_task_name, get_task, task_names
 
 SCHEMA = "lnblocks.study.run/2"
 SCHEMA_V1 = "lnblocks.study.run/1"
@@ -94,11 +94,15 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_task(task: Any, source: str) -> type:
-    """The result type of ``task``; ``RecordError`` when no task of that name is registered."""
-    if task not in task_names():
-        raise RecordError(source, "task", f"must be one of {task_names()}, got {task!r}")
-    return get_task(task).result_type
+ENVELOPE: dict[str, Any] = {"task": (str,), "id": (str,), "status": (str,), "labels": (dict,), "config": (dict,),
+                            "result": (dict,), "time": (dict,), "env": (dict,)}  # fmt: skip
+
+
+def check_envelope(obj: Mapping[str, Any], source: str) -> None:
+    """``RecordError`` unless ``obj`` has every key of the envelope, of its type, and a known ``status``."""
+    check_keys(obj, ENVELOPE, source)
+    if obj["status"] not in STATUSES:
+        raise RecordError(source, "status", f"must be one of {list(STATUSES)}, got {obj['status']!r}")
 
 
 # ---- the record ----------------------------------------------------------------------------------------------
@@ -120,9 +124,8 @@ class RunRecord:
     format: str = SCHEMA
 
     def __post_init__(self) -> None:
-        kind = _check_task(self.task, "")
-        if not isinstance(self.result, kind):
-            raise RecordError("", "result", f"must be a {kind.__name__} for task {self.task!r}")
+        if not dataclasses.is_dataclass(self.result) or isinstance(self.result, type):
+            raise RecordError("", "result", f"must be a task's result dataclass, got {type(self.result).__name__}")
         if self.status not in STATUSES:
             raise RecordError("", "status", f"must be one of {list(STATUSES)}, got {self.status!r}")
 
@@ -150,24 +153,12 @@ class RunRecord:
         return out
 
     @classmethod
-    def from_json(cls, obj: Any, source: str = "") -> RunRecord:
-        """Validate and build; ``RecordError`` names ``source`` and the first bad key. Schema-1 records load too."""
-        if not isinstance(obj, Mapping):
-            raise RecordError(source, "", f"a run record must be a JSON object, got {type(obj).__name__}")
-        fmt = obj.get("format")
-        if fmt not in (SCHEMA, SCHEMA_V1):
-            raise RecordError(source, "format", f"must be {SCHEMA!r} (or the older {[SCHEMA_V1]}), got {fmt!r}")
-        name = obj.get("task") if fmt == SCHEMA else default_task_name()
-        upgrade = get_task(name).upgrade_record if isinstance(name, str) and name in task_names() else None
-        if upgrade is not None:
-            obj = upgrade(obj, source)
-        elif fmt == SCHEMA_V1:
-            raise RecordError(source, "format", f"{SCHEMA_V1!r} records are read by the task that wrote them: none")
-        check_keys(obj, {"task": (str,), "id": (str,), "status": (str,), "labels": (dict,), "config": (dict,),
-                         "result": (dict,), "time": (dict,), "env": (dict,)}, source)  # fmt: skip
-        kind = _check_task(obj["task"], source)
-        if obj["status"] not in STATUSES:
-            raise RecordError(source, "status", f"must be one of {list(STATUSES)}, got {obj['status']!r}")
+    def from_json(cls, obj: Mapping[str, Any], source: str = "", *, result_type: type) -> RunRecord:
+        """Validate a record's JSON object (as its task's ``upgrade_record`` left it) and build it, its ``result`` a
+        ``result_type``; ``RecordError`` names ``source`` and the first bad key. A record is read through its task:
+        ``core.tasks.read_record`` / ``record_from_json``."""
+        check_envelope(obj, source)
+        kind = result_type
         check_keys(obj["config"], kind.CONFIG, source, "config.")
         check_keys(obj["time"], kind.TIME, source, "time.")
         check_keys(obj["result"], kind.SPEC, source, "result.")
@@ -186,7 +177,7 @@ class RunRecord:
             result=kind(**obj["result"]),
             time=obj["time"],
             env=obj["env"],
-            format=fmt,
+            format=obj.get("format", SCHEMA),
         )
 
 
@@ -211,8 +202,3 @@ def read_json(path: str | Path, what: str = "file") -> Any:
 def write_record(path: str | Path, record: RunRecord) -> None:
     """Write ``record`` to ``path`` atomically."""
     write_json_atomic(path, record.to_json())
-
-
-def read_record(path: str | Path) -> RunRecord:
-    """Load and validate the record at ``path``; ``RecordError`` (naming the file and key) if it is unusable."""
-    return RunRecord.from_json(read_json(path, "run record"), source=str(path))

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lnblocks.study.core.records import RecordError, RunRecord, read_json, read_record
-from lnblocks.study.core.tasks import get_task
+from lnblocks.study.core.records import RecordError, RunRecord, read_json
+from lnblocks.study.core.tasks import get_task, read_record
 
 _RUN_ID = re.compile(r"[^\x00-\x1f./\\][^\x00-\x1f/\\]{0,199}")  # a file name in runs/: not hidden, . or ..
 

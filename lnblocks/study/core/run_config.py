@@ -83,6 +83,10 @@ class LabelledRun:
 
     labels: tuple[tuple[str, str], ...]
 
+    def check_world(self, world_size: int) -> None:
+        """``ValueError`` when the run cannot train on ``world_size`` processes (a sharding layout of another size);
+        called on every rank before any process group exists. Any world size by default."""
+
     def with_labels(self: _Run, labels: tuple[tuple[str, str], ...]) -> _Run:
         return dataclasses.replace(self, labels=labels)
 

@@ -104,10 +104,13 @@ def run_study(
         study = load_study(config, overrides=overrides)
     task = get_task(study.task)
     _require_packages(study, name, report)
-    if task.check_world is not None:  # every rank, before any process group: no rank is left waiting
+    world = 1
+    if name == "torchrun":
         from lnblocks.study.core.torchrun import dist_from_env
 
-        task.check_world(study.runs(), dist_from_env().world_size if name == "torchrun" else 1)
+        world = dist_from_env().world_size
+    for run in study.runs():  # every rank, before any process group: no rank is left waiting
+        run.check_world(world)
     out = Path(out_dir)
     show = sys.stderr.isatty() if show_progress is None else show_progress
     if name != "torchrun":
@@ -143,136 +146,155 @@ def _run(
     """The loop every executor shares: manifest, pending runs, locks, one record per run as it arrives, the report.
     ``open_pool(n)``: the executor for ``n`` runs to train; ``here``: whether they train on this machine. Runs with
     ``checkpoint`` resume from their newest valid checkpoint (``core.checkpoint``): their folders are checked before
-    any run trains and removed once the record is written. ``report_pool``:
-    the report's own jobs (init profiles) go to ``open_pool`` too."""
+    any run trains and removed once the record is written. ``report_pool``: the report's own jobs (init profiles) go
+    to ``open_pool`` too."""
     runs = study.runs()
     if task.resolve_runs is not None:  # what each run trains on is part of its id (a corpus's digest)
         runs = task.resolve_runs(runs, show)
     with claim_out_dir(study, out, runs) as runs_dir:  # one study per folder, held until its report is written
-        return _sweep(study, task, out, runs_dir, show, report, open_pool, how, here, runs, report_pool)
+        sweep = Sweep(study, task, out, runs_dir, runs, show, here)
+        code = sweep.run(open_pool, how)
+        if code == preemption.EXIT_CODE or not report:
+            return code
+        from lnblocks.study.core.report import build_report
+
+        return build_report(out, show_progress=show, open_executor=open_pool if report_pool else None) or code
 
 
-def _sweep(
-    study: StudyConfig,
-    task: Task,
-    out: Path,
-    runs_dir: Path,
-    show: bool,
-    report: bool,
-    open_pool: Callable[[int], Executor],
-    how: str,
-    here: bool,
-    runs: list[Any],
-    report_pool: bool,
-) -> int:
-    todo, done, problems = pending_runs(study, runs_dir, runs)
-    if todo and here and task.check_runs is not None:  # a device this machine lacks: refused before any run
-        task.check_runs(todo)
-    for line in problems:
-        print(f"warning: {line}", file=sys.stderr)
-    total = done + len(todo)
-    folders = _checkpoint_folders(todo, out)  # CheckpointError (exit 2) before anything trains
-    ids = {r.run_id for r in runs}
-    others = [p for p in runs_dir.glob("*.json") if p.stem not in ids]
-    if others:
-        print(
-            f"note: {len(others)} record(s) in {runs_dir} are not runs of this study (another config, or an older "
-            "lnblocks whose run ids differ); they are left alone and not reported",
-            file=sys.stderr,
-        )
-    print(f"study {study.name!r}{how}: {total} runs, {done} already finished, {len(todo)} to run -> {out}", flush=True)
-    if study.tracking.enabled and done:
-        for line in _curves_of_finished(study, task, out, runs_dir, runs, {r.run_id for r in todo}):
-            print(line, file=sys.stderr, flush=True)
-    pool = open_pool(len(todo))
-    if todo and task.before_runs is not None:  # tokenize a corpus once here, not in every worker at the same time
-        for line in task.before_runs(todo, show):
-            print(line, flush=True)
-    live = pool.live_tracking
-    tracking = study.tracking if study.tracking.enabled else None
-    failed: list[tuple[str, str]] = []
-    fatal: list[str] = []
-    stopped: list[str] = []  # runs a SIGTERM stopped (core.preemption)
-    elsewhere: list[str] = []
-    locks: dict[str, RunLock] = {}
-    bar = _bar(total, done, show)
+class Sweep:
+    """One pass over a study's pending runs in a claimed folder: each run is locked, trained on the pool, and its
+    record written as it arrives; what failed, what another runner holds and what a SIGTERM stopped are counted.
+    ``run(open_pool)`` returns the exit code (0: every run has a record; 1: some run failed; 2: a run could not
+    write its checkpoints; 143: stopped by SIGTERM, ``core.preemption``)."""
 
-    def jobs() -> Iterator[Job]:
-        for run in todo:
-            if fatal or preemption.requested():  # a full disk, or a SIGTERM: start nothing more
-                return
-            lock = RunLock(runs_dir, run.run_id)
-            if not lock.acquire():
-                elsewhere.append(run.run_id)
-                bar.write(f"{run.run_id}: being trained by another runner on this folder; skipped")
-                continue
-            if check_record(runs_dir, run.run_id) is None:  # finished by another runner meanwhile
+    def __init__(
+        self, study: StudyConfig, task: Task, out: Path, runs_dir: Path, runs: list[Any], show: bool, here: bool
+    ) -> None:
+        self.study, self.task, self.out, self.runs_dir, self.runs, self.show = study, task, out, runs_dir, runs, show
+        self.todo, self.done, self.problems = pending_runs(study, runs_dir, runs)
+        if self.todo and here and task.check_runs is not None:  # a device this machine lacks: refused before any run
+            task.check_runs(self.todo)
+        for line in self.problems:
+            print(f"warning: {line}", file=sys.stderr)
+        self.here = here
+        self.folders = _checkpoint_folders(self.todo, out)  # CheckpointError (exit 2) before anything trains
+        self.tracking = study.tracking if study.tracking.enabled else None
+        self.live = False  # whether the pool's runs log their curves while they train (set by run)
+        self.failed: list[tuple[str, str]] = []
+        self.fatal: list[str] = []
+        self.stopped: list[str] = []  # runs a SIGTERM stopped (core.preemption)
+        self.elsewhere: list[str] = []
+        self.locks: dict[str, RunLock] = {}
+        self.bar: Any = None
+
+    def run(self, open_pool: Callable[[int], Executor], how: str = "") -> int:
+        """Announce the sweep, make the runs' inputs ready, train every pending run on ``open_pool(n)``."""
+        self._announce(how)
+        pool = open_pool(len(self.todo))
+        if self.todo and self.task.before_runs is not None:  # tokenize a corpus once here, not in every worker
+            for line in self.task.before_runs(self.todo, self.show):
+                print(line, flush=True)
+        self.live = pool.live_tracking
+        self.bar = _bar(self.done + len(self.todo), self.done, self.show)
+        if self.here and self.folders:  # some run checkpoints
+            preemption.install()  # SIGTERM: the runs checkpoint at their next step and stop
+        try:
+            pool.map(self.jobs(), self.finished)
+        finally:
+            self.bar.close()
+            for lock in self.locks.values():
                 lock.release()
-                bar.update(1)
-                continue
-            locks[run.run_id] = lock
-            folder = folders.get(run.run_id)
-            yield Job(study.task, run, show and live, tracking if live else None, str(out), folder and str(folder))
+            sigterm = preemption.requested()
+            preemption.reset()
+        return self._stopped_by_sigterm() if sigterm else self._summary()
 
-    def finished(job: Job, outcome: Outcome) -> None:
+    def _announce(self, how: str) -> None:
+        ids = {r.run_id for r in self.runs}
+        others = [p for p in self.runs_dir.glob("*.json") if p.stem not in ids]
+        if others:
+            print(
+                f"note: {len(others)} record(s) in {self.runs_dir} are not runs of this study (another config, or an "
+                "older lnblocks whose run ids differ); they are left alone and not reported",
+                file=sys.stderr,
+            )
+        total = self.done + len(self.todo)
+        print(
+            f"study {self.study.name!r}{how}: {total} runs, {self.done} already finished, {len(self.todo)} to run "
+            f"-> {self.out}",
+            flush=True,
+        )
+        if self.study.tracking.enabled and self.done:
+            todo = {r.run_id for r in self.todo}
+            for line in _curves_of_finished(self.study, self.task, self.out, self.runs_dir, self.runs, todo):
+                print(line, file=sys.stderr, flush=True)
+
+    def jobs(self) -> Iterator[Job]:
+        """The pending runs as jobs, each once its lock is held; none more after a fatal error or a SIGTERM."""
+        for run in self.todo:
+            if self.fatal or preemption.requested():  # a full disk, or a SIGTERM: start nothing more
+                return
+            lock = RunLock(self.runs_dir, run.run_id)
+            if not lock.acquire():
+                self.elsewhere.append(run.run_id)
+                self.bar.write(f"{run.run_id}: being trained by another runner on this folder; skipped")
+                continue
+            if check_record(self.runs_dir, run.run_id) is None:  # finished by another runner meanwhile
+                lock.release()
+                self.bar.update(1)
+                continue
+            self.locks[run.run_id] = lock
+            folder = self.folders.get(run.run_id)
+            tracking = self.tracking if self.live else None
+            yield Job(self.study.task, run, self.show and self.live, tracking, str(self.out), folder and str(folder))
+
+    def finished(self, job: Job, outcome: Outcome) -> None:
+        """One run's outcome: its record written (its checkpoints removed, its curves replayed), or what went
+        wrong; its lock released."""
         try:
             if outcome.record is not None:
-                write_record(record_path(runs_dir, job.run_id), outcome.record)
+                write_record(record_path(self.runs_dir, job.run_id), outcome.record)
                 if job.checkpoint_dir is not None and not job.run.checkpoint.keep_finished:
                     remove_folder(Path(job.checkpoint_dir))  # the record holds everything now
-                if tracking is not None and not live:
-                    task.replay_curves(outcome.record, out, tracking)
-                bar.write(task.outcome(outcome.record))
+                if self.tracking is not None and not self.live:
+                    self.task.replay_curves(outcome.record, self.out, self.tracking)
+                self.bar.write(self.task.outcome(outcome.record))
             elif outcome.fatal:
-                fatal.append(f"run {job.run_id}: {outcome.error}")
-                bar.write(f"{job.run_id}: FAILED: {outcome.error}")
+                self.fatal.append(f"run {job.run_id}: {outcome.error}")
+                self.bar.write(f"{job.run_id}: FAILED: {outcome.error}")
             elif outcome.preempted:
-                stopped.append(job.run_id)
-                bar.write(f"{job.run_id}: {outcome.error}")
+                self.stopped.append(job.run_id)
+                self.bar.write(f"{job.run_id}: {outcome.error}")
             elif outcome.lost and preemption.requested():  # its worker ended on the signal before a checkpoint
-                bar.write(f"{job.run_id}: stopped by SIGTERM before its next checkpoint")
+                self.bar.write(f"{job.run_id}: stopped by SIGTERM before its next checkpoint")
             else:
-                failed.append((job.run_id, outcome.error or "unknown error"))
-                bar.write(f"{job.run_id}: FAILED\n{outcome.error}")
+                self.failed.append((job.run_id, outcome.error or "unknown error"))
+                self.bar.write(f"{job.run_id}: FAILED\n{outcome.error}")
         finally:
-            locks.pop(job.run_id).release()
-            bar.update(1)
+            self.locks.pop(job.run_id).release()
+            self.bar.update(1)
 
-    if here and folders:  # some run checkpoints
-        preemption.install()  # SIGTERM: the runs checkpoint at their next step and stop
-    try:
-        pool.map(jobs(), finished)
-    finally:
-        bar.close()
-        for lock in locks.values():
-            lock.release()
-        sigterm = preemption.requested()
-        preemption.reset()
-    if sigterm:
-        left = sum(1 for r in todo if check_record(runs_dir, r.run_id) is not None)  # no record yet
+    def _stopped_by_sigterm(self) -> int:
+        left = sum(1 for r in self.todo if check_record(self.runs_dir, r.run_id) is not None)  # no record yet
         print(
-            f"lnblocks: stopped by SIGTERM: {len(stopped)} run(s) checkpointed where they were, {left} without a "
-            "record in all; rerun the same command to resume (no report was written)",
+            f"lnblocks: stopped by SIGTERM: {len(self.stopped)} run(s) checkpointed where they were, {left} without "
+            "a record in all; rerun the same command to resume (no report was written)",
             file=sys.stderr,
         )
         return preemption.EXIT_CODE
-    for run_id, err in failed:
-        last = err.strip().splitlines()[-1] if err.strip() else err
-        print(f"run {run_id} failed: {last}; rerun the same command to retry it", file=sys.stderr)
-    if elsewhere:
-        print(
-            f"{len(elsewhere)} run(s) were being trained by another runner on {out}; rebuild the report with "
-            f"`lnblocks study report {out}` when it ends",
-            file=sys.stderr,
-        )
-    for line in fatal:
-        print(f"lnblocks: error: {line}", file=sys.stderr)
-    code = 2 if fatal else 1 if failed else 0
-    if report:
-        from lnblocks.study.core.report import build_report
 
-        code = build_report(out, show_progress=show, open_executor=open_pool if report_pool else None) or code
-    return code
+    def _summary(self) -> int:
+        for run_id, err in self.failed:
+            last = err.strip().splitlines()[-1] if err.strip() else err
+            print(f"run {run_id} failed: {last}; rerun the same command to retry it", file=sys.stderr)
+        if self.elsewhere:
+            print(
+                f"{len(self.elsewhere)} run(s) were being trained by another runner on {self.out}; rebuild the report "
+                f"with `lnblocks study report {self.out}` when it ends",
+                file=sys.stderr,
+            )
+        for line in self.fatal:
+            print(f"lnblocks: error: {line}", file=sys.stderr)
+        return 2 if self.fatal else 1 if self.failed else 0
 
 
 def _curves_of_finished(
@@ -281,7 +303,7 @@ def _curves_of_finished(
     """Tracking turned on for runs that finished without it: write their TensorBoard curves from their records
     (``task.replay_curves``: the points a live run logs); W&B runs are not replayed (each replay would be a new W&B
     run), which the returned lines say."""
-    from lnblocks.study.core.records import read_record
+    from lnblocks.study.core.tasks import read_record
     from lnblocks.study.core.tracking import TrackingConfig
 
     finished = [r.run_id for r in runs if r.run_id not in todo]

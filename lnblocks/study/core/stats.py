@@ -4,7 +4,7 @@ seeds, and the number of seeds that would settle an interval that straddles a th
 The unit of replication is the seed (an independent init and data order): every interval here is over seeds, never
 over the layers or batches of one run. Quantiles of Student's t and of the beta distribution are computed from the
 regularised incomplete beta function (continued fraction, fp64), so the module needs only NumPy (for the bootstrap)
-and no SciPy; tests/study/test_study_stats.py checks them against ``scipy.stats``.
+and no SciPy; tests/study/core/test_stats.py checks them against ``scipy.stats``.
 """
 
 from __future__ import annotations

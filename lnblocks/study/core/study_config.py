@@ -1,31 +1,17 @@
 """``StudyConfig``: a study file (with ``extends:`` base files) validated and expanded into one run config per grid
-point, for any task; ``load_study`` reads one (``lnblocks.study.core.studyfile``) and asks its task to validate it.
+point, for any task; ``load_study`` reads one (``lnblocks.study.core.studyfile``) and builds its runs.
 
-A study file names its ``task`` (without one: the default task registered in ``core.tasks``), holds the base run's
-options and a ``grid``. Each grid axis is either a dotted key with a list of values::
+A study file names its ``task`` (without one: the default task registered in ``core.tasks``); the core reads it
+the same way for every task (``read_sections``): the run sections of the task's run config (``Task.run_type``'s
+fields: ``data``, ``model``, ... for ``lm``), each a mapping of the base run's options; the report's ``analysis``
+section (``Task.analysis_type``); and the grid (``grid`` and ``extra_grids``: ``lnblocks.study.core.grid``), whose
+dotted keys are checked against the run config (``Config.check_key``). A task whose file gives its grid otherwise
+(``cnn_digits``: the lists ``norms``, ``batch_sizes``, ``seeds``) replaces the grid reading alone (``Task.read_grid``).
+Every grid point is built as ``run_type.from_dict(options with the point's overrides)`` when the study is read, so a
+bad point fails before any run starts.
 
-    grid:
-      model.placement: [pre, post]
-      train.lr: [1.0e-3, 3.0e-3]
-
-or a named axis whose values are labelled bundles of overrides (for settings that only make sense together)::
-
-    grid:
-      variant:
-        deepnorm: {model.placement: deepnorm, model.init: deepnet}
-        dyt: {model.norm: dyt}
-
-The grid is the product of the axes in file order; overrides apply to the base options before validation.
-``extra_grids`` (a list) adds the points of more grids, each the main grid with some axes changed: a named axis by a
-list of its labels (a subset) or by a mapping of bundles, a dotted key by a new list of values; the other axes and
-the axis order (so the labels) stay the main grid's, and points already in the grid are not repeated::
-
-    extra_grids:
-      - {variant: [pre, post], model.depth: [24]}   # depth 24 for two of the variants only
-
-Labels are unique per distinct value (a dict value's label names the options that tell it apart). ``extends: base.yaml``
-(or a list) deep-merges the base files first (paths relative to the including file); ``null`` removes a key. A value
-set in a file that an inherited grid axis would override in every run is refused.
+``extends: base.yaml`` (or a list) deep-merges the base files first (paths relative to the including file); ``null``
+removes a key. A value set in a file that an inherited grid axis would override in every run is refused.
 
 File paths among the options (the task's ``path_keys``, e.g. ``data.train_path``) resolve against the folder of the
 file that set them; paths given as overrides (``--set``) resolve against the current folder. Overrides
@@ -38,15 +24,14 @@ its labels), which shrinks the grid. The study-wide sections ``tracking`` (curve
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lnblocks.config import Config, ConfigError, ConfigValueError
+from lnblocks.config import Config, ConfigError, ConfigTypeError, ConfigValueError
+from lnblocks.study.core.grid import GridAxis, grid_dict, parse_grid
 from lnblocks.study.core.ray_executor import ResourcesConfig
 from lnblocks.study.core.studyfile import (
     MergedFile,
@@ -58,148 +43,22 @@ from lnblocks.study.core.studyfile import (
     resolve_tree_paths,
     set_dotted,
 )
-from lnblocks.study.core.tasks import default_task_name, get_task, task_names
+from lnblocks.study.core.tasks import Task, default_task_name, get_task, task_names
 from lnblocks.study.core.tracking import TrackingConfig
 
 STUDY_SECTIONS = ("tracking", "resources")  # study-wide sections: not part of any run's config
 
 
 @dataclass(frozen=True)
-class GridAxis:
-    """One axis: ``name`` and its values as ``(label, ((dotted_key, value), ...))``."""
-
-    name: str
-    values: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
-
-    @property
-    def keys(self) -> list[str]:
-        """Every dotted key this axis sets (in some of its values)."""
-        return sorted({k for _, overrides in self.values for k, _ in overrides})
-
-    @property
-    def keys_in_every_run(self) -> list[str]:
-        """The dotted keys every value of this axis sets: what it overrides in every run."""
-        sets = [{k for k, _ in overrides} for _, overrides in self.values]
-        return sorted(set.intersection(*sets)) if sets else []
-
-
-def _scalar_label(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, dict):
-        return str(value.get("kind", "x"))
-    return str(value)
-
-
-def value_labels(name: str, values: Sequence[Any]) -> list[str]:
-    """Labels of an axis's values, unique per distinct value: a dict is labelled by its ``kind`` plus the options
-    that differ among the dicts sharing that label (``dyt(alpha_init=0.5)``); a float by ``%g``, then by ``repr``
-    where ``%g`` collides. Values that still share a label are refused (``ValueError``)."""
-    labels = [_scalar_label(v) for v in values]
-    for label in set(labels):
-        same = [i for i, lab in enumerate(labels) if lab == label]
-        if len(same) < 2:
-            continue
-        if all(isinstance(values[i], dict) for i in same):
-            keys = sorted({k for i in same for k in values[i]} - {"kind"})
-            differ = [k for k in keys if len({json.dumps(values[i].get(k), sort_keys=True) for i in same}) > 1]
-            for i in same:
-                opts = ",".join(f"{k}={_scalar_label(values[i].get(k))}" for k in differ)
-                labels[i] = f"{label}({opts})" if opts else label
-        else:
-            for i in same:
-                labels[i] = repr(values[i]) if isinstance(values[i], float) else labels[i]
-    seen: dict[str, int] = {}
-    for i, label in enumerate(labels):
-        if label in seen and values[seen[label]] != values[i]:
-            raise ConfigValueError(
-                f"grid.{name}", f"values {values[seen[label]]!r} and {values[i]!r} would share the label {label!r}"
-            )
-        seen[label] = i
-    return labels
-
-
-def parse_axis(name: Any, spec: Any, check_key: Callable[[str, str], None]) -> GridAxis:
-    """One ``grid`` entry: a dotted key with a non-empty list, or a named axis of labelled override bundles."""
-    if not isinstance(name, str):
-        raise ConfigValueError("grid", f"axis names must be strings, got {name!r}")
-    if "." in name:
-        check_key(name, "grid")
-        if not isinstance(spec, list) or not spec:
-            raise ConfigValueError(f"grid.{name}", f"must be a non-empty list of values, got {spec!r}")
-        labels = value_labels(name, spec)
-        return GridAxis(name, tuple((lab, ((name, v),)) for lab, v in zip(labels, spec)))
-    if not isinstance(spec, dict) or not spec:
-        raise ConfigValueError(
-            f"grid.{name}",
-            "a named axis maps labels to overrides, e.g. {deepnorm: {model.placement: deepnorm}}; "
-            f"got {spec!r} (a dotted key such as 'model.depth' takes a list of values)",
-        )
-    values = []
-    given: dict[str, Any] = {}  # label as the ids and the report write it -> the key as the file gave it
-    for label, overrides in spec.items():
-        text = str(label)
-        if not text.strip():
-            raise ConfigValueError(f"grid.{name}", f"labels must be non-empty names, got {label!r}")
-        if text in given:
-            raise ConfigValueError(
-                f"grid.{name}",
-                f"labels {given[text]!r} and {label!r} are both {text!r} as the run ids, --set and the report "
-                "write them; give the values distinct names",
-            )
-        given[text] = label
-        if not isinstance(overrides, dict) or not overrides:
-            raise ConfigValueError(
-                f"grid.{name}.{label}", f"must be a mapping of dotted keys to values, got {overrides!r}"
-            )
-        for key in overrides:
-            check_key(str(key), f"grid.{name}.{label}")
-        values.append((text, tuple((str(k), v) for k, v in overrides.items())))
-    return GridAxis(name, tuple(values))
-
-
-def parse_extra_grids(spec: Any, axes: Sequence[GridAxis], check_key: Callable[[str, str], None]) -> tuple:
-    """``extra_grids``: a list of mappings, each changing some axes of the main grid ``axes`` (see the module
-    docstring). Returns one tuple of axes per extra grid, in the main grid's axis order."""
-    if spec is None:
-        return ()
-    if not isinstance(spec, list):
-        raise ConfigValueError("extra_grids", f"must be a list of grids (mappings of axes), got {spec!r}")
-    main = {a.name: a for a in axes}
-    out = []
-    for i, grid in enumerate(spec):
-        where = f"extra_grids[{i}]"
-        if not isinstance(grid, dict) or not grid:
-            raise ConfigValueError(where, f"must be a non-empty mapping of axes to change, got {grid!r}")
-        changed = {}
-        for name, values in grid.items():
-            if name not in main:
-                raise ConfigValueError(f"{where}.{name}", f"is not an axis of the main grid; its axes: {list(main)}")
-            if "." not in name and isinstance(values, list):  # a subset of a named axis's labels
-                known = dict(main[name].values)
-                missing = [v for v in values if str(v) not in known]
-                if not values or missing:
-                    raise ConfigValueError(
-                        f"{where}.{name}", f"must list labels of the axis {name!r} {list(known)}, got {values!r}"
-                    )
-                changed[name] = GridAxis(name, tuple((str(v), known[str(v)]) for v in values))
-            else:
-                changed[name] = parse_axis(name, values, check_key)
-        out.append(tuple(changed.get(a.name, a) for a in axes))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
 class StudyConfig:
-    """A validated study: the task, the base ``options`` (a plain tree, before validation), the grid ``axes`` and
-    the task's report settings (``analysis``). ``runs()`` expands the grid into the task's run configs; ``base`` is
-    the run config of the options alone."""
+    """A validated study: the task, the base ``options`` (a plain tree, before validation), the task's run config
+    class (``run_type``), the grid ``axes`` and the task's report settings (``analysis``). ``runs()`` expands the grid
+    into run configs; ``base`` is the run config of the options alone."""
 
     name: str
     task: str
     options: dict[str, Any]
-    make_run: Callable[[dict[str, Any], tuple[tuple[str, str], ...]], Any]
-    check_key: Callable[[str, str], None]
+    run_type: type
     axes: tuple[GridAxis, ...] = ()
     analysis: Config | None = None
     description: str = ""
@@ -217,7 +76,7 @@ class StudyConfig:
     @property
     def base(self) -> Any:
         """The run config the base options describe (no grid axis applied)."""
-        return self.make_run(copy.deepcopy(self.options), ())
+        return self.run_type.from_dict(copy.deepcopy(self.options)).with_labels(())
 
     def runs(self) -> list[Any]:
         """One run config per grid point (product of the axes in file order, then the points of ``extra_grids``
@@ -248,7 +107,7 @@ class StudyConfig:
                 for key, value in overrides:
                     set_dotted(tree, key, copy.deepcopy(value))
             try:
-                run = self.make_run(tree, tuple(labels))
+                run = self.run_type.from_dict(tree).with_labels(tuple(labels))
             except (TypeError, ValueError) as err:
                 if not labels:
                     raise
@@ -279,13 +138,9 @@ class StudyConfig:
             "analysis": self.analysis.to_dict() if self.analysis is not None else {},
             "tracking": self.tracking.to_dict(),
             "resources": self.resources.to_dict(),
-            "grid": _grid_dict(self.axes),
-            **({"extra_grids": [_grid_dict(g) for g in self.extra_grids]} if self.extra_grids else {}),
+            "grid": grid_dict(self.axes),
+            **({"extra_grids": [grid_dict(g) for g in self.extra_grids]} if self.extra_grids else {}),
         }
-
-
-def _grid_dict(axes: Sequence[GridAxis]) -> dict[str, Any]:
-    return {a.name: [{"label": lab, "overrides": dict(ov)} for lab, ov in a.values] for a in axes}
 
 
 def check_inherited_overrides(merged: MergedFile, axes: Sequence[GridAxis]) -> None:
@@ -309,22 +164,58 @@ def check_inherited_overrides(merged: MergedFile, axes: Sequence[GridAxis]) -> N
 # ---- building studies ------------------------------------------------------------------------------------------
 
 
+def read_sections(raw: Mapping[str, Any], task: Task) -> tuple[dict[str, Any], tuple[GridAxis, ...], tuple]:
+    """The core's reading of a study file (meta keys and the study-wide sections removed): the base options (the
+    run sections of ``task.run_type``; a section that holds a nested config must be a mapping), the grid axes and
+    the extra grids (``task.read_grid`` replaces the grid reading for a file that gives its grid otherwise)."""
+    sections = task.run_type.field_names()
+    if task.read_grid is not None:
+        return task.read_grid(dict(raw))
+    valid = [*sections, *(["analysis"] if task.analysis_type is not None else []), "grid", "extra_grids"]
+    unknown = sorted(str(k) for k in set(raw) - set(valid))
+    if unknown:
+        every = ["name", "description", "task", "extends", *valid, *STUDY_SECTIONS]
+        raise ConfigValueError(
+            unknown[0], f"is not a top-level key of a study file of task {task.name!r}; valid: {every}"
+        )
+    options: dict[str, Any] = {}
+    for section in sections:
+        value = raw.get(section)
+        if value is None:
+            continue
+        if task.run_type.nested_config(section) is not None and not isinstance(value, dict):
+            raise ConfigTypeError(section, f"must be a mapping of options, got {type(value).__name__} {value!r}")
+        options[section] = value
+    axes, extra_grids = parse_grid(raw, task.run_type.check_key)
+    return options, axes, extra_grids
+
+
 def build_study(raw: Mapping[str, Any], task: str, *, name: str, description: str, source: str) -> StudyConfig:
-    """The ``StudyConfig`` of a merged study mapping (meta keys removed) for ``task``; errors name ``source``."""
+    """The ``StudyConfig`` of a merged study mapping (meta keys removed) for ``task``, every grid point built and
+    checked now (not halfway through a sweep); errors name ``source``."""
     raw = dict(raw)
     sections = {k: raw.pop(k, None) for k in STUDY_SECTIONS}
+    spec = get_task(task)
     try:
-        study = get_task(task).study_from_dict(copy.deepcopy(raw), name=name, description=description, source=source)
+        options, axes, extra_grids = read_sections(copy.deepcopy(raw), spec)
+        analysis = None
+        if spec.analysis_type is not None:
+            analysis = spec.analysis_type.from_dict(raw.get("analysis"), key="analysis")
         tracking = TrackingConfig.from_dict(sections["tracking"], key="tracking")
         resources = ResourcesConfig.from_dict(sections["resources"], key="resources")
+        full = {**raw, **{k: v for k, v in sections.items() if v is not None}}
+        study = StudyConfig(name, task, options, spec.run_type, axes, analysis, description, source, extra_grids,
+                            tracking, resources, full)  # fmt: skip
+        runs = study.runs()
+        if spec.check_grid is not None:
+            spec.check_grid(runs)
     except ConfigError as err:  # name the file too
         if not source:
             raise
         raise type(err)(f"{source}: {err.key}", err.detail) from None
-    if tracking.enabled and get_task(task).replay_curves is None:
+    if tracking.enabled and spec.replay_curves is None:
         raise ConfigValueError("tracking", f"task {task!r} logs no curves; tracking is for {_tracked_tasks()}")
-    full = {**raw, **{k: v for k, v in sections.items() if v is not None}}
-    return dataclasses.replace(study, tracking=tracking, resources=resources, raw=full)
+    return study
 
 
 def _tracked_tasks() -> list[str]:

@@ -16,8 +16,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from lnblocks.study.core.dist import DistContext
 from lnblocks.study.core.executors import Job, Outcome, train_job
-from lnblocks.study.core.tasks import DistContext, Task, get_task, task_names
+from lnblocks.study.core.tasks import Task, get_task, task_names
 
 
 def dist_from_env() -> DistContext:

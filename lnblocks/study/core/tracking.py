@@ -3,7 +3,7 @@
 
 ``<out_dir>/tensorboard/<run_id>/`` holds a run's event files, so ``tensorboard --logdir <out_dir>/tensorboard``
 shows every run of a study side by side. Which scalars a run logs is its task's business (the ``lm`` task's tags:
-``lnblocks.study.lm.curves``); a ``Tracker`` takes ``log(step, {tag: value})``, skips non-finite values (a diverging
+``lnblocks.study.lm.run.curves``); a ``Tracker`` takes ``log(step, {tag: value})``, skips non-finite values (a diverging
 run) and counts them in ``Tracker.skipped``, so a run logged live and one replayed from its record (which stores
 non-finite numbers as ``null``) write the same points.
 """

@@ -13,48 +13,25 @@ from __future__ import annotations
 from typing import Any
 
 from lnblocks.config import ConfigValueError
+from lnblocks.study.core.grid import GridAxis
 from lnblocks.study.core.records import RunRecord
-from lnblocks.study.core.study_config import GridAxis, StudyConfig
 from lnblocks.study.core.tasks import RunContext, Task
-from lnblocks.study.digits.config import GRID_KEYS, DigitsRunConfig, DigitsSettings, DigitsStudyConfig
+from lnblocks.study.digits.config import GRID_KEYS, DigitsRunConfig, DigitsStudyConfig
 from lnblocks.study.digits.report import build_digits_report
 from lnblocks.study.digits.result import DigitsResult
 
 AXES = {"norms": "norm", "batch_sizes": "batch_size", "seeds": "seed"}
 
 
-def check_key(key: str, where: str) -> None:
-    names = [*DigitsSettings.field_names(), *AXES.values()]
-    if key not in names:
-        raise ConfigValueError(key, f"is not a config key (in {where}); valid keys of a digits run: {names}")
-
-
-def make_run(tree: dict[str, Any], labels: tuple[tuple[str, str], ...]) -> DigitsRunConfig:
-    return DigitsRunConfig.from_dict(tree).with_labels(labels)
-
-
-def digits_study(cfg: DigitsStudyConfig, *, name: str, description: str = "", source: str = "") -> StudyConfig:
-    """The ``StudyConfig`` of a ``DigitsStudyConfig``: its settings as the base options, axes norm x batch_size x
-    seed from its lists."""
-    axes = tuple(GridAxis(axis, tuple((str(v), ((axis, v),)) for v in getattr(cfg, key))) for key, axis in AXES.items())
-    study = StudyConfig(
-        name=name,
-        task="cnn_digits",
-        options=cfg.settings(),
-        make_run=make_run,
-        check_key=check_key,
-        axes=axes,
-        description=description,
-        source=source,
-    )
-    study.runs()
-    return study
-
-
-def study_from_dict(raw: dict[str, Any], *, name: str, description: str = "", source: str = "") -> StudyConfig:
+def read_grid(raw: dict[str, Any]) -> tuple[dict[str, Any], tuple[GridAxis, ...], tuple]:
+    """What a ``cnn_digits`` file holds in place of ``grid:``: the settings (``DigitsSettings``) and the lists
+    ``norms``, ``batch_sizes``, ``seeds``, validated as a ``DigitsStudyConfig``; returns the settings as the base
+    options and the axes ``norm`` x ``batch_size`` x ``seed`` (the core's reading otherwise)."""
     if "grid" in raw:
         raise ConfigValueError("grid", f"a cnn_digits study sets its grid with the lists {list(GRID_KEYS)}")
-    return digits_study(DigitsStudyConfig.from_dict(raw), name=name, description=description, source=source)
+    cfg = DigitsStudyConfig.from_dict(raw)
+    axes = tuple(GridAxis(axis, tuple((str(v), ((axis, v),)) for v in getattr(cfg, key))) for key, axis in AXES.items())
+    return cfg.settings(), axes, ()
 
 
 def train(run: DigitsRunConfig, ctx: RunContext) -> RunRecord:
@@ -70,7 +47,8 @@ def outcome(record: RunRecord) -> str:
 
 TASK = Task(
     name="cnn_digits",
-    study_from_dict=study_from_dict,
+    run_type=DigitsRunConfig,
+    read_grid=read_grid,
     train=train,
     outcome=outcome,
     report=build_digits_report,

