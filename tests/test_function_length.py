@@ -1,9 +1,8 @@
 """No function in lnblocks is longer than 80 lines (the project's standard: a function a reader holds in mind at once),
 Triton kernels (``@triton.jit``) excepted: a kernel is one launch's program and reads best whole.
 
-``ROOTS`` says what is checked: the study today; all of lnblocks is the one-line change ``ROOTS = [LNBLOCKS]``, once
-every package meets the limit. A function's length counts from its ``def`` (decorators excluded) to its last line,
-docstring and nested functions included.
+``ROOTS`` says what is checked: all of lnblocks. A function's length counts from its ``def`` (decorators excluded)
+to its last line, docstring and nested functions included.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import ast
 from pathlib import Path
 
 LNBLOCKS = Path(__file__).resolve().parents[1] / "lnblocks"
-ROOTS = [LNBLOCKS / "study"]
+ROOTS = [LNBLOCKS]
 MAX_LINES = 80
 
 

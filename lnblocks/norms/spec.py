@@ -55,6 +55,10 @@ class NormSpec(Config):
     """
 
     kind: ClassVar[str] = ""
+    # Fields added after specs were first stored, with the value that does what a spec did before the field existed:
+    # ``to_dict`` leaves a field out while it has that value, so stored configs, run records and the study's run ids
+    # keep their form; ``from_dict`` fills it back in.
+    ADDED_DEFAULTS: ClassVar[dict[str, Any]] = {}
     residual_in_fp32: bool = False
     backend: Backend = "auto"
 
@@ -77,8 +81,13 @@ class NormSpec(Config):
         return super().from_dict(options, key=key)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict with ``kind`` first: the form configs and run records store."""
-        return {"kind": self.kind, **super().to_dict()}
+        """Plain dict with ``kind`` first: the form configs and run records store (added fields at their
+        ``ADDED_DEFAULTS`` left out)."""
+        out = super().to_dict()
+        for name, default in self.ADDED_DEFAULTS.items():
+            if name in out and out[name] == default and type(out[name]) is type(default):
+                del out[name]
+        return {"kind": self.kind, **out}
 
 
 def _check_zero_centered_has_weight(spec: LayerNormSpec | RMSNormSpec) -> None:
@@ -138,6 +147,9 @@ class LayerNormSpec(NormSpec):
     """
 
     kind: ClassVar[str] = "layernorm"
+    ADDED_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "cast": "fp32", "group_size": None, "per_head": False, "memory_efficient": False
+    }  # fmt: skip
     eps: float = 1e-5
     elementwise_affine: bool = True
     bias: bool = True
@@ -178,6 +190,7 @@ class RMSNormSpec(NormSpec):
     """
 
     kind: ClassVar[str] = "rmsnorm"
+    ADDED_DEFAULTS: ClassVar[dict[str, Any]] = {"group_size": None, "per_head": False, "memory_efficient": False}
     eps: float | None = None
     elementwise_affine: bool = True
     zero_centered: bool = False

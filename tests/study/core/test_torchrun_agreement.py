@@ -34,8 +34,10 @@ sys.exit(main(["study", "run", {study!r}, "--out", {out!r}, *extra]))
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--set", "train.parallel.fsdp=2"], "run 1 of 2 of the study: the ranks disagree on train.parallel: rank 0 "
-         "has None, rank 1 has {fsdp: 2, tp: 1, sequence_parallel: True, loss_parallel: False}; every rank"),
+        (["--set", "train.parallel.dp_shard=2"], "run 1 of 2 of the study: the ranks disagree on train.parallel: "
+         "rank 0 has None, rank 1 has {dp_shard: 2, tp: 1, sequence_parallel: True, loss_parallel: False, "
+         "param_dtype: None, reduce_dtype: None, reshard_after_forward: True, compile: False, "
+         "compile_backend: 'inductor'}; every rank"),
         (["--set", "train.seed=[0, 1, 2]"], "the ranks disagree on the study: rank 0: 2, rank 1: 3 runs"),
     ],
     ids=["execution_key", "grid"],
