@@ -61,27 +61,37 @@ _ACTIVE: contextvars.ContextVar[_Request | None] = contextvars.ContextVar("lnblo
 
 
 # ---- the loss ----------------------------------------------------------------------------------------------------
-def _scale(logits: Tensor, scale: Any) -> Tensor:
-    return logits * scale  # Cohere: `logits = logits * self.logit_scale`
+def _value(model: nn.Module, path: str) -> Any:
+    return functools.reduce(getattr, path.split("."), model)
 
 
-def _divide(logits: Tensor, divisor: Any) -> Tensor:
-    return logits / divisor  # Granite: `logits = logits / self.config.logits_scaling`
+def _apply(logits: Tensor, steps: tuple[tuple[str, Any], ...]) -> Tensor:
+    """The forward's own ops on a chunk of logits, in its order (``head_source.HeadForm``)."""
+    for kind, value in steps:
+        if kind == "float":
+            logits = logits.float()
+        elif kind == "mul":
+            logits = logits * value  # Cohere: `logits = logits * self.logit_scale`
+        elif kind == "div":
+            logits = logits / value  # Granite: `logits = logits / self.config.logits_scaling`
+        else:  # the three statements of Gemma 2's soft-capping: / cap, torch.tanh, * cap
+            logits = softcap(logits, value)
+    return logits
 
 
-def logit_map_of(model: nn.Module, kind: str) -> functools.partial | None:
-    """The elementwise map ``model``'s forward applies to the logits now (its current config values), or None."""
-    if kind == "softcap":
-        cap = model.config.final_logit_softcapping
-        return None if cap is None else functools.partial(softcap, cap=cap)
-    if kind == "scale":
-        return functools.partial(_scale, scale=model.logit_scale)
-    if kind == "divide":
-        return functools.partial(_divide, divisor=model.config.logits_scaling)
-    return None
+def logit_map_of(model: nn.Module, steps: tuple[tuple[str, str], ...]) -> functools.partial | None:
+    """The elementwise map ``model``'s forward applies to the logits now (the values it reads now), or None where
+    it applies none (``.float()`` alone: the loss's own ``.float()`` does the same)."""
+    values = tuple((kind, _value(model, path) if path else None) for kind, path in steps)
+    values = tuple((k, v) for k, v in values if not (k == "softcap" and v is None))  # `if cap is not None`
+    if all(k == "float" for k, _ in values):
+        return None
+    return functools.partial(_apply, steps=values)
 
 
-def causal_lm_loss(model: nn.Module, kind: str, hidden: Tensor, weight: Tensor, request: _Request) -> Tensor:
+def causal_lm_loss(
+    model: nn.Module, steps: tuple[tuple[str, str], ...], hidden: Tensor, weight: Tensor, request: _Request
+) -> Tensor:
     """``ForCausalLMLoss(map(hidden @ weight.T), labels, ...)`` of ``request``, in chunks (see the module docstring)."""
     opts = request.options
     ignore_index = opts.get("ignore_index", -100)
@@ -100,7 +110,7 @@ def causal_lm_loss(model: nn.Module, kind: str, hidden: Tensor, weight: Tensor, 
         )
     targets = shift.to(hidden.device).reshape(lead)
     reduction = "sum" if num_items is not None else "mean"
-    logit_map = logit_map_of(model, kind)
+    logit_map = logit_map_of(model, steps)
     options = {"ignore_index": ignore_index, "reduction": reduction}
     if logit_map is None:
         loss, _ = lm_head_loss(hidden, weight, targets, **options)
@@ -236,7 +246,7 @@ def _labels_at(cls: type) -> int | None:
     return at if at is not None and params[at].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD else None
 
 
-def install_loss(model: nn.Module, head: str, logit_map: str) -> None:
+def install_loss(model: nn.Module, head: str, logit_map: tuple[tuple[str, str], ...]) -> None:
     """Make ``model`` compute its labelled loss through the chunked head (checked by ``plan_loss`` before)."""
     record = LossRecord(head, logit_map, model.loss_function, _labels_at(type(model)))
     record.saved_loss_function = model.__dict__.get("_loss_function")
@@ -285,7 +295,7 @@ class LossPlan:
     name: str = ""
     module: nn.Module | None = None
     head: str = ""
-    logit_map: str = ""
+    logit_map: tuple[tuple[str, str], ...] = ()
     reason: str = ""
     tied: bool = False
     copies: list[nn.Module] = field(default_factory=list)
@@ -311,9 +321,10 @@ def _is_causal_lm_loss(fn: Any) -> bool:
 def _head_reason(name: str, copy: nn.Module) -> str:
     """Why ``copy`` cannot be the chunked head ('' if it can)."""
     if type(copy).forward is not nn.Linear.forward or not isinstance(getattr(copy, "weight", None), Tensor):
+        cls = f"{type(copy).__module__}.{type(copy).__qualname__}"
         return (
-            f"its {name} is a {type(copy).__name__}, not a torch.nn.Linear (an adapter on the head, a quantized or "
-            "non-linear head): the chunked loss computes hidden @ weight.T only"
+            f"its {name} is a {cls}, not a torch.nn.Linear (an adapter on the head, a quantized or non-linear head): "
+            "the chunked loss computes hidden @ weight.T only"
         )
     if copy.bias is not None:
         return f"its {name} has a bias, which the chunked loss does not add"
@@ -326,16 +337,20 @@ def plan_loss(model: nn.Module) -> LossPlan:
     """Find the causal LM in ``model`` and check that its loss can run through the chunked head (changes nothing)."""
     found = _causal_lm(model)
     if found is None:
-        return LossPlan(reason=f"{type(model).__name__} has no transformers model with an LM head in it")
+        return LossPlan(reason="no transformers model with an LM head (get_output_embeddings) in it")
     name, lm = found
     plan = LossPlan(name=name, module=lm)
     head = lm.get_output_embeddings()
     plan.head = next((k for k, m in lm._modules.items() if m is head), "")
     if not plan.head:
-        plan.reason = f"its output embedding ({type(head).__name__}) is not a direct submodule"
+        where = next((n for n, m in lm.named_modules() if m is head), "?")
+        plan.reason = (
+            f"its output embedding {where} ({type(head).__name__}) is not a direct submodule: a head of more than "
+            "one layer (a transform before the output projection) is not reproduced"
+        )
         return plan
     form = read_head(type(lm), plan.head)
-    plan.logit_map, plan.reason = form.map, form.reason
+    plan.logit_map, plan.reason = form.steps, form.reason
     if plan.reason:
         return plan
     loss_function = lm.loss_function

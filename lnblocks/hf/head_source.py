@@ -4,15 +4,15 @@
 must give the same bytecode) and accepts it only in the form transformers writes its causal LMs in (5.24: most
 ``*ForCausalLM`` classes and ``GPT2LMHeadModel``)::
 
-    logits = self.<head>(hidden_states)       # the one use of the head
-    <the logit map: nothing, or one of LOGIT_MAPS>
+    logits = self.<head>(hidden_states)       # the one use of the head, maybe with .float() or a scale
+    <the logit map: nothing, a scale or divisor, soft-capping (HeadForm's steps)>
     loss = None
     if labels is not None:
         loss = self.loss_function(logits, labels, <vocab size>, **kwargs)
 
 with ``labels``, ``kwargs`` and ``logits`` not changed anywhere else (so the loss function gets the forward's own
 ``labels`` and keyword arguments: ``num_items_in_batch``, ``ignore_index``, ``shift_labels``). What it finds is a
-``HeadForm``: the logit map's kind, or why the forward is refused.
+``HeadForm``: the logit map's steps, or why the forward is refused.
 """
 
 from __future__ import annotations
@@ -22,43 +22,87 @@ import ast
 import functools
 import inspect
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lnblocks.hf.layer_source import _chain, _definition, _module_tree, _same_code
 
-# the logit maps transformers' causal LMs apply after the head (as written in their forward), by kind
-LOGIT_MAPS: dict[str, str] = {
-    "softcap": (  # Gemma 2/3, VaultGemma, NanoChat: final-logit soft-capping (arXiv 2408.00118)
-        "if self.config.final_logit_softcapping is not None:\n"
-        "    logits = logits / self.config.final_logit_softcapping\n"
-        "    logits = torch.tanh(logits)\n"
-        "    logits = logits * self.config.final_logit_softcapping\n"
-    ),
-    "scale": "logits = logits * self.logit_scale\n",  # Cohere, Cohere2
-    "divide": "logits = logits / self.config.logits_scaling\n",  # Granite, GraniteMoe*
-}
-_KNOWN = "soft-capping, a logit scale or a logit divisor"
+Step = tuple[str, str]  # (kind, attribute path on the model): ("mul", "logit_scale"), ("float", "")
+_KNOWN = (
+    "`.float()`, `.contiguous()`, `* self.<attr>`, `/ self.<attr>` and "
+    "`if self.<cap> is not None: logits = tanh(logits / cap) * cap` in transformers' three statements"
+)
 
 
 @dataclass(frozen=True)
 class HeadForm:
-    """``map``: "none" or a ``LOGIT_MAPS`` kind; ``reason``: why the forward is refused (then ``map`` is "")."""
+    """``steps``: the logit map, in order (empty: none); ``reason``: why the forward is refused ('' if it is not).
 
-    map: str = ""
+    A step is ``("float", "")`` (``.float()``), ``("mul", path)`` / ``("div", path)`` (times / over the value of
+    ``self.<path>``: Cohere's ``logit_scale``, Granite's ``config.logits_scaling``, Falcon-H1's
+    ``model.lm_head_multiplier``) or ``("softcap", path)`` (``cap * tanh(logits / cap)`` with ``cap =
+    self.<path>``, skipped while it is None: Gemma 2's ``config.final_logit_softcapping``, arXiv 2408.00118).
+    """
+
+    steps: tuple[Step, ...] = ()
     reason: str = ""
 
-
-def _dump(stmts: list[ast.stmt], logits: str) -> str:
-    """The statements' syntax trees, with the logits variable named ``logits``."""
-
-    class Rename(ast.NodeTransformer):
-        def visit_Name(self, node: ast.Name) -> ast.Name:
-            return ast.Name("logits", node.ctx) if node.id == logits else node
-
-    return "\n".join(ast.dump(Rename().visit(ast.parse(ast.unparse(s)).body[0])) for s in stmts)
+    def describe(self) -> str:
+        return ", ".join(f"{k}({p})" if p else k for k, p in self.steps) or "none"
 
 
-_MAP_DUMPS = {_dump(ast.parse(src).body, "logits"): kind for kind, src in LOGIT_MAPS.items()}
+def _path(node: ast.AST) -> str | None:
+    """``self.a.b`` -> ``"a.b"``, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join(reversed(parts)) if isinstance(node, ast.Name) and node.id == "self" and parts else None
+
+
+def _expr_steps(expr: ast.AST, base: Callable[[ast.AST], bool]) -> list[Step] | None:
+    """The steps of ``expr`` applied to what ``base`` accepts (the head call, or the logits variable), or None."""
+    if base(expr):
+        return []
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and not expr.args and not expr.keywords:
+        inner = _expr_steps(expr.func.value, base)
+        if inner is not None and expr.func.attr in ("float", "contiguous"):
+            return inner + ([("float", "")] if expr.func.attr == "float" else [])
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mult, ast.Div)) and _path(expr.right):
+        inner = _expr_steps(expr.left, base)
+        if inner is not None:
+            return [*inner, ("mul" if isinstance(expr.op, ast.Mult) else "div", _path(expr.right))]
+    return None
+
+
+def _softcap_step(stmt: ast.stmt, logits: str) -> Step | None:
+    """``if self.P is not None: L = L / self.P; L = torch.tanh(L); L = L * self.P`` -> ``("softcap", P)``."""
+    if not (isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 3):
+        return None
+    test = stmt.test
+    cap = _path(test.left) if isinstance(test, ast.Compare) else None
+    if cap is None or ast.unparse(test) != f"self.{cap} is not None":
+        return None
+    x, c = logits, f"self.{cap}"
+    want = (f"{x} = {x} / {c}", f"{x} = torch.tanh({x})", f"{x} = {x} * {c}")
+    return ("softcap", cap) if tuple(ast.unparse(s) for s in stmt.body) == want else None
+
+
+def _map_steps(stmts: list[ast.stmt], logits: str) -> list[Step] | None:
+    """The steps of the statements between the head and the loss, or None if one is not a known step."""
+    steps: list[Step] = []
+    for stmt in stmts:
+        cap = _softcap_step(stmt, logits)
+        if cap is not None:
+            steps.append(cap)
+            continue
+        if not (isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == logits and len(stmt.targets) == 1):
+            return None
+        more = _expr_steps(stmt.value, lambda e: isinstance(e, ast.Name) and e.id == logits)
+        if more is None:
+            return None
+        steps += more
+    return steps
 
 
 def _is_self_attr(node: ast.AST, attr: str) -> bool:
@@ -87,23 +131,24 @@ def _stores(tree: ast.AST, name: str) -> int:
     return count
 
 
-def _head_statement(fn: ast.FunctionDef, head: str) -> tuple[int, str] | str:
-    """``(index in fn.body, logits variable)`` of ``logits = self.<head>(x)``, or why there is none."""
+def _head_statement(fn: ast.FunctionDef, head: str) -> tuple[int, str, list[Step]] | str:
+    """``(index in fn.body, logits variable, steps)`` of ``logits = self.<head>(x)<steps>``, or why there is none."""
     uses = [n for n in ast.walk(fn) if _is_self_attr(n, head)]
     if len(uses) != 1:
         return f"its forward uses self.{head} {len(uses)} times (expected once: logits = self.{head}(hidden_states))"
+
+    def is_head_call(e: ast.AST) -> bool:
+        return isinstance(e, ast.Call) and _is_self_attr(e.func, head) and len(e.args) == 1 and not e.keywords
+
     for i, stmt in enumerate(fn.body):
-        if (
-            isinstance(stmt, ast.Assign)
-            and len(stmt.targets) == 1
-            and isinstance(stmt.targets[0], ast.Name)
-            and isinstance(stmt.value, ast.Call)
-            and _is_self_attr(stmt.value.func, head)
-            and len(stmt.value.args) == 1
-            and not stmt.value.keywords
-        ):
-            return i, stmt.targets[0].id
-    return f"its forward does not compute `logits = self.{head}(hidden_states)` as a statement of its own"
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            steps = _expr_steps(stmt.value, is_head_call)
+            if steps is not None:
+                return i, stmt.targets[0].id, steps
+    return (
+        f"its forward does not compute `logits = self.{head}(hidden_states)` (with known steps: {_KNOWN}) as a "
+        "statement of its own"
+    )
 
 
 def _loss_call(stmt: ast.stmt, logits: str, labels: str, kwargs: str | None) -> str:
@@ -184,17 +229,17 @@ def read_head(cls: type, head: str) -> HeadForm:
     found = _head_statement(fn, head)
     if isinstance(found, str):
         return HeadForm(reason=found)
-    at, logits = found
+    at, logits, steps = found
     end = next((j for j in range(at + 1, len(fn.body)) if ast.unparse(fn.body[j]) == "loss = None"), None)
     if end is None or end + 1 >= len(fn.body):
         return HeadForm(reason="its forward has no `loss = None` followed by the loss after the head")
-    between = fn.body[at + 1 : end]
-    kind = "none" if not between else _MAP_DUMPS.get(_dump(between, logits))
-    if kind is None:
-        code = "; ".join(ast.unparse(s).replace("\n", " ") for s in between)
+    more = _map_steps(fn.body[at + 1 : end], logits)
+    if more is None:
+        code = "; ".join(ast.unparse(s).replace("\n", " ") for s in fn.body[at + 1 : end])
         return HeadForm(reason=f"its logits go through `{code}` before the loss, which the chunked loss does not "
                         f"reproduce (it knows {_KNOWN})")  # fmt: skip
-    if kind == "softcap" and raw.__globals__.get("torch") is not _torch():
+    steps += more
+    if any(k == "softcap" for k, _ in steps) and raw.__globals__.get("torch") is not _torch():
         return HeadForm(reason="its soft-capping calls a `torch` that is not PyTorch")
     reason = _loss_call(fn.body[end + 1], logits, "labels", kwargs)
     if reason:
@@ -204,7 +249,7 @@ def read_head(cls: type, head: str) -> HeadForm:
         changed.append(logits)
     if changed:
         return HeadForm(reason=f"its forward changes {', '.join(changed)} besides the head and the loss")
-    return HeadForm(map=kind)
+    return HeadForm(steps=tuple(steps))
 
 
 def _torch() -> types.ModuleType:

@@ -34,6 +34,7 @@ from torch import nn
 from lnblocks.config import check_bool, check_choice
 from lnblocks.hf.chunked_loss import LossPlan, install_loss, is_head, plan_loss, uninstall_head, uninstall_loss
 from lnblocks.hf.families import ROLES, RoleMap, role_map_for
+from lnblocks.hf.head_source import HeadForm
 from lnblocks.hf.install import build_norm_for, check_triton, install, same_kind, uninstall
 from lnblocks.hf.recognition import NormMath, recognise
 from lnblocks.hf.record import fusion_of, is_fused, is_patched, loss_record_of, record_of
@@ -164,10 +165,11 @@ def _plan_loss(model: nn.Module, options: PatchOptions) -> tuple[LossPlan | None
     lm = plan.module
     cls = type(lm).__name__ if lm is not None else type(model).__name__
     status: Status = "skipped" if plan.reason else "patched"
-    entry = LossEntry(plan.name, cls, plan.head, status, plan.logit_map, plan.tied, plan.reason)
+    logit_map = HeadForm(plan.logit_map).describe() if plan.head and not plan.reason else ""
+    entry = LossEntry(plan.name, cls, plan.head, status, logit_map, plan.tied, plan.reason)
     if not plan.reason:
         return plan, entry
-    message = f"chunked_loss=True: {cls} ({base_model_name(model)}): {plan.reason}"
+    message = f"chunked_loss=True: {base_model_name(model)}: {plan.reason}"
     if options.on_unchunkable == "raise":
         raise ValueError(message + ". Nothing was changed.")
     log.info("%s; its loss is left as it was", message)

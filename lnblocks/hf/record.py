@@ -66,15 +66,16 @@ def is_fused(layer: nn.Module) -> bool:
 @dataclass(eq=False)
 class LossRecord:
     """A causal LM whose loss runs through the chunked LM head: ``head``, the attribute name of its head module;
-    ``logit_map``, what its forward applies to the logits ("none", "softcap", "scale", "divide":
-    ``lnblocks.hf.head_source``); ``loss_function``, the loss its ``loss_function`` gave before (transformers'
-    ``ForCausalLMLoss``, used for calls outside a labelled forward); ``labels_at``, the position of ``labels`` among
-    the forward's positional arguments (None: keyword only); ``saved_forward`` (accelerate's ``_old_forward``) and
+    ``logit_map``, what its forward applies to the logits (``lnblocks.hf.head_source.HeadForm``'s steps, e.g.
+    ``(("softcap", "config.final_logit_softcapping"),)``); ``loss_function``, the loss its ``loss_function`` gave
+    before (transformers' ``ForCausalLMLoss``, used for calls outside a labelled forward); ``labels_at``, the
+    position of ``labels`` among the forward's positional arguments (None: keyword only); ``saved_forward``
+    (accelerate's ``_old_forward``) and
     ``saved_loss_function`` (the instance's ``_loss_function`` entry, None if it had none), put back on
     unpatching."""
 
     head: str
-    logit_map: str
+    logit_map: tuple[tuple[str, str], ...]
     loss_function: Callable
     labels_at: int | None
     saved_forward: Callable | None = None

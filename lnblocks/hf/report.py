@@ -41,9 +41,10 @@ class LayerEntry:
 @dataclass(frozen=True)
 class LossEntry:
     """The causal LM asked for ``chunked_loss=True``: ``name`` (in the patched model) and class, ``head`` (its LM
-    head's attribute), ``logit_map`` (what its forward applies to the logits: "none", "softcap", "scale",
-    "divide"), ``tied`` (the head's weight is the input embedding's); ``status`` "patched" (its labelled loss runs
-    through the chunked head) or "skipped" (``reason`` says why)."""
+    head's attribute), ``logit_map`` (what its forward applies to the logits, e.g. "none",
+    "softcap(config.final_logit_softcapping)", "mul(logit_scale)"), ``tied`` (the head's weight is the input
+    embedding's); ``status`` "patched" (its labelled loss runs through the chunked head) or "skipped" (``reason``
+    says why)."""
 
     name: str
     cls: str
