@@ -41,7 +41,7 @@ from lnblocks.hf.install import _BoundToModule
 from lnblocks.hf.record import LOSS_KEY, LossRecord, loss_record_of
 from lnblocks.hf.wrappers import hooked_by_accelerate, wrapped_copies
 from lnblocks.models.capped_loss import mapped_lm_head_loss
-from lnblocks.models.lm_head import lm_head_loss
+from lnblocks.models.lm_head import check_targets, lm_head_loss
 
 LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")  # what ForCausalLMLoss reads from the kwargs
 
@@ -103,12 +103,12 @@ def causal_lm_loss(
     if weight.shape[0] != vocab:
         raise ValueError(f"chunked_loss: the head has {weight.shape[0]} outputs but config.vocab_size is {vocab}")
     lead = tuple(hidden.shape[:-1])
+    what = "shift_labels" if opts.get("shift_labels") is not None else "labels"
     if shift.numel() != hidden.numel() // max(hidden.shape[-1], 1):
-        what = "shift_labels" if opts.get("shift_labels") is not None else "labels"
         raise ValueError(
             f"chunked_loss: {what} of shape {tuple(shift.shape)} do not match the {lead} positions the head is given"
         )
-    targets = shift.to(hidden.device).reshape(lead)
+    targets = check_targets(shift.to(hidden.device).reshape(lead), lead, vocab, ignore_index, name=what)
     reduction = "sum" if num_items is not None else "mean"
     logit_map = logit_map_of(model, steps)
     options = {"ignore_index": ignore_index, "reduction": reduction}
