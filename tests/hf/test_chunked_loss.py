@@ -199,7 +199,10 @@ REFUSED = {
         lambda: tiny_model("BartConfig", "BartForCausalLM"),
         r"BartForCausalLM: its loss is not computed by self\.loss_function \(it runs `labels = labels\.to",
     ),
-    "other_loss_function": (lambda: _custom_loss(build("llama")), r"LlamaForCausalLM: its loss_function is _custom_loss\.<locals>\.<lambda>, not"),
+    "other_loss_function": (
+        lambda: _custom_loss(build("llama")),
+        r"LlamaForCausalLM: its loss_function is _custom_loss\.<locals>\.<lambda>, not",
+    ),
     "unknown_logit_map": (
         lambda: _MappedLlama(build("llama").config),
         r"_MappedLlama: its logits go through `logits = logits \+ 1\.0` before the loss, which the chunked loss",
