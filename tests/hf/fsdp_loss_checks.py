@@ -109,10 +109,13 @@ def equivalence(family: str, plan: str, **options: object) -> dict:
     return _compare(_train(model, half), reference, rank)
 
 
-def _gathers(model: torch.nn.Module, ids: torch.Tensor) -> int:
-    """All-gathers in one forward and backward of ``model`` (profiler events of the gloo collectives)."""
+def _gathers(model: torch.nn.Module, ids: torch.Tensor, gather_head: bool = False) -> int:
+    """All-gathers in one forward and backward of ``model`` (profiler events of the gloo collectives); with
+    ``gather_head``, one more full copy of the (sharded) head weight gathered besides: the negative control."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         model(input_ids=ids.clamp(min=3), labels=ids).loss.backward()
+        if gather_head:
+            model.lm_head.weight.full_tensor()
     return sum(1 for e in prof.events() if "all_gather" in e.name or "allgather" in e.name)
 
 
@@ -126,9 +129,10 @@ def no_extra_gather(family: str) -> dict:
         _shard(model, "hf_plan", mesh)
     patch_norms(patched, backend="torch", chunked_loss=True)
     ids = _batches()[0][dist.get_rank() * B // 2 : (dist.get_rank() + 1) * B // 2]
-    counts = (_gathers(plain, ids), _gathers(patched, ids))
-    ok = counts[0] == counts[1] and counts[0] > 0
-    return {"ok": ok, "detail": f"all-gathers unpatched {counts[0]}, chunked {counts[1]}", "counts": counts}
+    counts = (_gathers(plain, ids), _gathers(patched, ids), _gathers(patched, ids, gather_head=True))
+    ok = counts[0] == counts[1] and counts[0] > 0 and counts[2] > counts[1]  # the control's extra gather is seen
+    detail = f"all-gathers unpatched {counts[0]}, chunked {counts[1]}, chunked + one head gather {counts[2]}"
+    return {"ok": ok, "detail": detail, "counts": counts}
 
 
 def all_checks() -> dict[str, Callable[[], dict]]:
