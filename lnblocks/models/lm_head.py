@@ -6,8 +6,9 @@ and the running max. The gradients come one of two ways:
 
 - no z-loss (the default), not fp16, and a backward to come: Liger-Kernel's fused linear cross-entropy scheme.
   Each chunk's gradient to the hidden states and its share of the weight's are computed in the forward, for an
-  upstream gradient of 1, and the backward scales them by the real one. Three GEMMs per chunk, as for the full
-  logits. Not under fp16 autocast: there the logits' gradient for an upstream 1 (``p / N``, ~1e-8 at V = 30k) is
+  upstream gradient of 1, and the backward scales them by the real one (eagerly in place: no second ``(V, C)``
+  buffer, so a second backward through the same graph raises). Three GEMMs per chunk, as for the full logits.
+  Not under fp16 autocast: there the logits' gradient for an upstream 1 (``p / N``, ~1e-8 at V = 30k) is
   under fp16's normal range, which is why fp16 trains with a ``GradScaler``; it must see the scaled upstream
   gradient before the cast, so fp16 takes the second route (measured at V = 30,522: 7% error in the hidden-state
   gradient in the forward, 0.03% recomputed, as the full loss).
@@ -286,13 +287,15 @@ _bwd_op = torch.library.custom_op(
 _bwd_op.register_fake(_backward_fake)
 
 
-def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+def _setup_context(ctx: Any, inputs: tuple, output: tuple, eager: bool = False) -> None:
     hidden, weight, targets, ignore_index, z_coef, rows, dtype, reduction, _stats, need_h, need_w = inputs
     _loss, _z, max_logit, lse, total, grad_h, grad_w = output
     ctx.mark_non_differentiable(max_logit, lse, total, grad_h, grad_w)
     ctx.set_materialize_grads(False)
     ctx.in_forward = _grads_in_forward(targets, z_coef, dtype) and (need_h or need_w)
-    if ctx.in_forward:  # the gradients are there: keep them, not the inputs
+    if ctx.in_forward and eager:  # kept on ctx alone: the backward scales them in place and hands them on
+        ctx.grads = [grad_h, grad_w]
+    elif ctx.in_forward:  # the gradients are there: keep them, not the inputs
         ctx.save_for_backward(grad_h, grad_w)
     else:
         ctx.save_for_backward(hidden, weight, targets, lse, total)
@@ -301,7 +304,17 @@ def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _backward(ctx: Any, g_loss: Tensor | None, g_z: Tensor | None, *_: Any, through_op: bool = True) -> tuple:
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    if ctx.in_forward:  # scale the forward's gradients (for an upstream 1) by the upstream gradient
+    if ctx.in_forward and not through_op:  # eager: scaled in place, no second (V, C) buffer
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:
+            raise RuntimeError(
+                "lm_head_loss: its backward ran twice (retain_graph): the gradients it computes in the forward are "
+                "scaled in place by the first; run the forward again for a second backward"
+            )
+        if g_loss is None:
+            return None, None, *([None] * 9)
+        grad_h, grad_w = grads[0].mul_(g_loss.to(grads[0].dtype)), grads[1].mul_(g_loss.to(grads[1].dtype))
+    elif ctx.in_forward:  # scale the forward's gradients (for an upstream 1) by the upstream gradient
         grad_h, grad_w = ctx.saved_tensors
         if g_loss is None:
             return None, None, *([None] * 9)
@@ -323,7 +336,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
         output = _forward_impl(*inputs)
-        _setup_context(ctx, inputs, output)
+        _setup_context(ctx, inputs, output, eager=True)
         return output
 
     @staticmethod

@@ -71,3 +71,16 @@ def test_bad_reduction_and_logit_map_are_refused() -> None:
         mapped_lm_head_loss(h, w, t, MAPS["scale"], reduction="max")
     with pytest.raises(TypeError, match=r"logit_map must be a function of the logits, got float"):
         mapped_lm_head_loss(h, w, t, 2.0)
+
+
+def test_a_second_backward_through_the_forwards_gradients_raises() -> None:
+    """The gradients computed in the forward are scaled in place by the backward (no second ``(V, C)`` buffer): a
+    second backward through the same graph would scale them twice, so it raises."""
+    h, w, t = _data("some")
+    w = w.clone().requires_grad_()
+    loss, _ = lm_head_loss(h, w, t, chunk_rows=8)
+    (loss * 0.5).backward(retain_graph=True)
+    first = w.grad.clone()
+    with pytest.raises(RuntimeError, match=r"lm_head_loss: its backward ran twice \(retain_graph\)"):
+        loss.backward()
+    assert torch.equal(w.grad, first)
