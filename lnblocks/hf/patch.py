@@ -32,10 +32,11 @@ from typing import Literal
 from torch import nn
 
 from lnblocks.config import check_bool, check_choice
-from lnblocks.hf.chunked_loss import LossPlan, install_loss, is_head, plan_loss, uninstall_head, uninstall_loss
+from lnblocks.hf.chunked_loss import install_loss, is_head, uninstall_head, uninstall_loss
 from lnblocks.hf.families import ROLES, RoleMap, role_map_for
 from lnblocks.hf.head_source import HeadForm
 from lnblocks.hf.install import build_norm_for, check_triton, install, same_kind, uninstall
+from lnblocks.hf.loss_plan import LossPlan, plan_loss
 from lnblocks.hf.recognition import NormMath, recognise
 from lnblocks.hf.record import fusion_of, is_fused, is_patched, loss_record_of, record_of
 from lnblocks.hf.report import LayerEntry, LossEntry, PatchEntry, PatchReport, Status

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import pickle
 
 import pytest
 import torch
@@ -96,6 +97,7 @@ def test_loss_bit_identical_and_gradients_close(family: str):
 
 
 def test_without_labels_everything_is_as_before_and_generation_is_unchanged():
+    """The full logits, ``generate`` and a direct ``loss_function`` call are the unpatched model's."""
     plain = build("gemma2", final_logit_softcapping=2.0).eval()
     model = copy.deepcopy(plain)
     patch_norms(model, backend="torch", chunked_loss=True)
@@ -108,8 +110,11 @@ def test_without_labels_everything_is_as_before_and_generation_is_unchanged():
         assert torch.equal(direct, plain.loss_function(logits, labels, VOCAB))
         kw = {"max_new_tokens": 4, "do_sample": False}
         assert torch.equal(model.generate(ids[:, :8], **kw), plain.generate(ids[:, :8], **kw))
-        # in evaluation (no gradients) the loss is chunked too
-        assert torch.equal(model(input_ids=ids, labels=labels).loss, plain(input_ids=ids, labels=labels).loss)
+        # in evaluation (no gradients) the loss is chunked too, also in a pickled copy
+        want = plain(input_ids=ids, labels=labels).loss
+        assert torch.equal(model(input_ids=ids, labels=labels).loss, want)
+        clone = pickle.loads(pickle.dumps(model))
+        assert is_head(clone.lm_head) and torch.equal(clone(input_ids=ids, labels=labels).loss, want)
 
 
 def test_loss_keywords_and_positional_labels_follow_the_model():
