@@ -215,7 +215,7 @@ section vocab "$T_VOCAB" bash -c "$PY benchmarks/study/bench_study_step.py $VOCA
   cat '$WORK/vocab.md'; exit \$rc"
 
 # ---- 8. an HF causal LM's loss at real vocabularies: full logits vs chunked_loss=True ------------------------------
-if [ "$SMOKE" = 1 ]; then HFLOSS_ARGS="--smoke"; else HFLOSS_ARGS="--device cuda --rounds 3"; fi
+if [ "$SMOKE" = 1 ]; then HFLOSS_ARGS="--smoke"; else HFLOSS_ARGS="--device cuda --rounds 2 --repeat 3"; fi
 section hfloss "$T_HFLOSS" bash -c "$PY benchmarks/hf/bench_hf_chunked_loss.py $HFLOSS_ARGS >'$WORK/hfloss.md' \
   2>&1; rc=\$?; tail -n 8 '$WORK/hfloss.md'; exit \$rc"
 

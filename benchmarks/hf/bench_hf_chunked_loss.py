@@ -18,6 +18,7 @@ CUDA: bf16, wall time after a synchronize, peaks from ``torch.cuda.max_memory_al
 
     python benchmarks/hf/bench_hf_chunked_loss.py                   # CPU: the table in benchmarks/hf/README.md
     python benchmarks/hf/bench_hf_chunked_loss.py --device cuda     # GPU (gpu_check.sh, section hfloss)
+    python benchmarks/hf/bench_hf_chunked_loss.py --batch 2 --seq 128 --vocab 131072  # few tokens: small chunks
     python benchmarks/hf/bench_hf_chunked_loss.py --smoke           # seconds: tiny sizes, one round
 """
 
@@ -195,6 +196,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, nargs="+", default=None, help=f"vocabulary sizes (default {VOCABS})")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=None, help="calls per timed block")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one round: seconds")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -206,7 +209,8 @@ def main() -> None:
     # (width, layers, batch, seq); CPU: 2,048 tokens (fewer would give chunks of under 64 rows: each chunk re-reads
     # the weight, and small chunks are slower than the full logits on a CPU), V = 256k at ~20 s a call
     shape = (2048, 4, 4, 1024) if cuda else (32, 1, 2, 64) if args.smoke else (256, 2, 4, 512)
-    args.width, args.layers, args.batch, args.seq = shape
+    args.width, args.layers = shape[:2]
+    args.batch, args.seq = args.batch or shape[2], args.seq or shape[3]
     args.vocab = args.vocab or ([65_536] if args.smoke else list(VOCABS))
     args.rounds = args.rounds or (1 if args.smoke else 5 if cuda else 3)
     args.repeat = args.repeat or (1 if args.smoke or not cuda else 5)

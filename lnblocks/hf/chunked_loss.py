@@ -98,6 +98,11 @@ def causal_lm_loss(
     shift = opts.get("shift_labels")
     if shift is None:  # tokens < n predict n, as ForCausalLMLoss shifts
         shift = F.pad(request.labels, (0, 1), value=ignore_index)[..., 1:]
+    if type(weight) not in (Tensor, nn.Parameter) and not torch.compiler.is_compiling():
+        raise TypeError(
+            f"chunked_loss: the head's weight inside its call is a {type(weight).__name__} (a tensor-parallel "
+            "lm_head?): the chunked loss needs the whole weight there, as FSDP2 gathers it; patch without chunked_loss"
+        )
     vocab = model.config.vocab_size
     if weight.shape[0] != vocab:
         raise ValueError(f"chunked_loss: the head has {weight.shape[0]} outputs but config.vocab_size is {vocab}")

@@ -135,6 +135,22 @@ def no_extra_gather(family: str) -> dict:
     return {"ok": ok, "detail": detail, "counts": counts}
 
 
+def tensor_parallel_head_refused() -> dict:
+    """A head sharded by tensor parallelism (a DTensor weight inside its call) is refused with a TypeError."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    model = build("llama")
+    parallelize_module(model, init_device_mesh("cpu", (dist.get_world_size(),)), {"lm_head": ColwiseParallel()})
+    patch_norms(model, backend="torch", chunked_loss=True)
+    ids = _batches()[0][:2]
+    try:
+        model(input_ids=ids.clamp(min=3), labels=ids)
+    except TypeError as err:
+        ok = "chunked_loss: the head's weight inside its call is a DTensor (a tensor-parallel lm_head?)" in str(err)
+        return {"ok": ok, "detail": str(err)}
+    return {"ok": False, "detail": "no TypeError"}
+
+
 def all_checks() -> dict[str, Callable[[], dict]]:
     checks: dict[str, Callable[[], dict]] = {}
     for family in ("llama", "gemma2"):  # the plain head (gradients in the forward); soft-capped, tied (recomputed)
@@ -144,6 +160,7 @@ def all_checks() -> dict[str, Callable[[], dict]]:
     checks["llama/head_resharded"] = lambda: equivalence("llama", "head_resharded")
     untied = {"tie_word_embeddings": False}  # the soft-capped head on its own, resharded after its forward
     checks["gemma2_untied/head_resharded"] = lambda: equivalence("gemma2", "head_resharded", **untied)
+    checks["tensor_parallel_head/refused"] = tensor_parallel_head_refused
     return checks
 
 

@@ -5,7 +5,8 @@ the forward) and Gemma 2's soft-capped, tied head (recomputed in the backward), 
 unit, in transformers' own plan (the final norm and the head grouped, kept unsharded after the forward) and alone,
 resharded after its forward: 3 SGD steps with each rank's loss and every gradient against one process
 (tolerances in ``fsdp_loss_checks.py``), and the all-gathers of one step counted against the unpatched sharded
-model's (the chunked loss works on the weight FSDP2 gathered for the head's call, no second full copy).
+model's (the chunked loss works on the weight FSDP2 gathered for the head's call, no second full copy); a head
+sharded by tensor parallelism is refused with a ``TypeError``.
 """
 
 from __future__ import annotations
