@@ -22,6 +22,8 @@
 #               and resumed, against the uninterrupted run: "bit-identical" or the fields that differ (docs/long-runs.md)
 #   7. vocab    benchmarks/study/bench_study_step.py --device cuda: the study's training step at V = 256, 30,522,
 #               50,257 with the full logits vs the chunked LM head: step time and peak memory (table in summary)
+#   8. hfloss   benchmarks/hf/bench_hf_chunked_loss.py --device cuda: an HF Llama-shaped bf16 step and its loss alone
+#               at V = 32k, 128k, 256k, full logits vs lnblocks.hf's chunked_loss=True: time, peak memory (summary)
 # Writes at most 8 files into the output folder: summary.txt, check.log, tests.log, kernels.md, kernels.json,
 # models.json, study.log, hf.json (and nothing else); prints the summary last.
 #
@@ -52,11 +54,11 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRI
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ "$SMOKE" = 1 ]; then
   export TRITON_INTERPRET=1
-  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120 T_HF=120 T_RESUME=180 T_VOCAB=120
+  T_TESTS=120 T_KERNELS=120 T_MODELS=240 T_STUDY=120 T_HF=120 T_RESUME=180 T_VOCAB=120 T_HFLOSS=120
 else
   export TRITON_INTERPRET=0
-  T_TESTS=${T_TESTS:-115} T_KERNELS=${T_KERNELS:-170} T_MODELS=${T_MODELS:-110} T_STUDY=${T_STUDY:-50}
-  T_HF=${T_HF:-45} T_RESUME=${T_RESUME:-60} T_VOCAB=${T_VOCAB:-45}
+  T_TESTS=${T_TESTS:-115} T_KERNELS=${T_KERNELS:-140} T_MODELS=${T_MODELS:-110} T_STUDY=${T_STUDY:-50}
+  T_HF=${T_HF:-45} T_RESUME=${T_RESUME:-60} T_VOCAB=${T_VOCAB:-45} T_HFLOSS=${T_HFLOSS:-30}
 fi
 SUMMARY="$OUT/summary.txt"
 LOG="$OUT/check.log"
@@ -215,6 +217,11 @@ fi
 section vocab "$T_VOCAB" bash -c "$PY benchmarks/study/bench_study_step.py $VOCAB_ARGS >'$WORK/vocab.md' 2>&1; rc=\$?; \
   cat '$WORK/vocab.md'; exit \$rc"
 
+# ---- 8. an HF causal LM's loss at real vocabularies: full logits vs chunked_loss=True ------------------------------
+if [ "$SMOKE" = 1 ]; then HFLOSS_ARGS="--smoke"; else HFLOSS_ARGS="--device cuda --rounds 2 --repeat 3"; fi
+section hfloss "$T_HFLOSS" bash -c "$PY benchmarks/hf/bench_hf_chunked_loss.py $HFLOSS_ARGS >'$WORK/hfloss.md' \
+  2>&1; rc=\$?; tail -n 8 '$WORK/hfloss.md'; exit \$rc"
+
 # ---- summary, printed last ------------------------------------------------------------------------------------------
 {
   echo
@@ -234,6 +241,9 @@ section vocab "$T_VOCAB" bash -c "$PY benchmarks/study/bench_study_step.py $VOCA
   echo
   echo "### Study step at real vocabularies (bench_study_step.py $VOCAB_ARGS)"
   grep -E '^(B=|\|)' "$WORK/vocab.md" 2>/dev/null || echo "vocab: no results"
+  echo
+  echo "### HF causal LM, full logits vs chunked_loss=True (bench_hf_chunked_loss.py $HFLOSS_ARGS)"
+  grep -E '^(Llama-shaped|\|)' "$WORK/hfloss.md" 2>/dev/null || echo "hfloss: no results"
 } >>"$SUMMARY"
 rm -rf "$SITE" "$WORK"
 cat "$SUMMARY"

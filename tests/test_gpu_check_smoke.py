@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("tests", "kernels", "models", "study", "hf", "resume", "vocab")
+SECTIONS = ("tests", "kernels", "models", "study", "hf", "resume", "vocab", "hfloss")
 
 
 @pytest.mark.slow
@@ -49,3 +49,4 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
     assert "study record: status=finished" in summary
     assert "| Trainer step | cpu | float32 | fused |" in summary  # the HF stacks table (bench_hf_training.py)
     assert "| 70,000 | 1 |" in summary  # the study step table (bench_study_step.py)
+    assert "| 65,536 | loss |" in summary  # the HF chunked-loss table (bench_hf_chunked_loss.py)

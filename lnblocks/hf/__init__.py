@@ -1,7 +1,8 @@
 """Patch the norms of HuggingFace ``transformers`` models with lnblocks' exact (and, on GPU, fused) norms.
 
 ``patch_norms(model)`` works on any built ``nn.Module`` (PEFT and accelerate-dispatched models included) and needs
-no transformers import; ``fuse_residual=True`` also fuses the residual add before each norm of a decoder layer.
+no transformers import; ``fuse_residual=True`` also fuses the residual add before each norm of a decoder layer, and
+``chunked_loss=True`` computes a causal LM's labelled loss through the chunked LM head (``lnblocks.hf.chunked_loss``).
 ``patch_transformers()`` hooks model construction (``from_pretrained``, ``from_config``, constructors),
 ``from_pretrained(...)`` loads and patches in one call, and ``PatchNormsCallback`` patches a ``Trainer``'s model;
 these import transformers lazily (``PatchNormsCallback`` subclasses ``transformers.TrainerCallback``, so it is
@@ -14,12 +15,13 @@ from lnblocks.hf.families import ROLES
 from lnblocks.hf.global_patch import patch_transformers, unpatch_transformers
 from lnblocks.hf.patch import patch_norms, patched_norms, unpatch_norms
 from lnblocks.hf.record import is_patched
-from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport
+from lnblocks.hf.report import LayerEntry, LossEntry, PatchEntry, PatchReport
 from lnblocks.hf.stacks import from_pretrained
 
 __all__ = [
     "ROLES",
     "LayerEntry",
+    "LossEntry",
     "PatchEntry",
     "PatchReport",
     "from_pretrained",

@@ -67,13 +67,15 @@ def patch_transformers(
     exclude: str | Iterable[str] | None = None,
     *,
     fuse_residual: bool = False,
+    chunked_loss: bool = False,
 ) -> TransformersPatch:
     """Patch the norms of every ``transformers`` model constructed after this call (see ``patch_norms``).
 
     ``include``/``exclude`` take role names (``lnblocks.hf.ROLES``). ``fuse_residual=True`` also fuses the residual
     adds of the decoder layers that can be fused (a model with none is patched without, and logged). Calling it
     again replaces the options; the hook is installed once. Reversed by ``unpatch_transformers()`` or by leaving the
-    ``with`` block.
+    ``with`` block. ``chunked_loss=True``: every causal LM built whose loss can run through the chunked LM head
+    does (``lnblocks.hf.chunked_loss``); the others, sub-models included, keep their loss (logged at INFO).
     """
     options = PatchOptions(
         backend,
@@ -82,6 +84,8 @@ def patch_transformers(
         fuse_residual,
         on_empty="log",
         on_unfusable="log",
+        chunked_loss=chunked_loss,
+        on_unchunkable="log",
     )
     pretrained = require("transformers").PreTrainedModel
     if not getattr(pretrained.post_init, "_lnblocks_hook", False):

@@ -7,7 +7,9 @@ A call is two steps, so that every check runs before anything changes:
    include/exclude choose among the recognised ones; an lnblocks norm is built for each chosen module
    (``lnblocks.hf.install``); with ``fuse_residual=True`` the decoder layers to fuse are planned and their classes
    compiled (``lnblocks.hf.residual``). An error here leaves the model exactly as it was.
-2. **apply** (``PatchPlan.apply``): each chosen module gets its patched forward, each planned layer its fused class.
+   With ``chunked_loss=True`` the causal LM and its head are found and checked (``lnblocks.hf.chunked_loss``).
+2. **apply** (``PatchPlan.apply``): each chosen module gets its patched forward, each planned layer its fused class,
+   the causal LM (with ``chunked_loss``) its chunked loss.
 
 How one module is patched (per instance, reversibly; Liger-Kernel binds forwards the same way) is described in
 ``lnblocks.hf.install``, how a layer is fused in ``lnblocks.hf.residual``. A module whose forward another tool
@@ -30,11 +32,14 @@ from typing import Literal
 from torch import nn
 
 from lnblocks.config import check_bool, check_choice
+from lnblocks.hf.chunked_loss import install_loss, is_head, uninstall_head, uninstall_loss
 from lnblocks.hf.families import ROLES, RoleMap, role_map_for
+from lnblocks.hf.head_source import HeadForm
 from lnblocks.hf.install import build_norm_for, check_triton, install, same_kind, uninstall
+from lnblocks.hf.loss_plan import LossPlan, plan_loss
 from lnblocks.hf.recognition import NormMath, recognise
-from lnblocks.hf.record import fusion_of, is_fused, is_patched, record_of
-from lnblocks.hf.report import LayerEntry, PatchEntry, PatchReport, Status
+from lnblocks.hf.record import fusion_of, is_fused, is_patched, loss_record_of, record_of
+from lnblocks.hf.report import LayerEntry, LossEntry, PatchEntry, PatchReport, Status
 from lnblocks.hf.residual import LayerPlan, fuse, plan_fusion, unfuse
 from lnblocks.hf.wrappers import base_model_name, hooked_by_accelerate, is_peft_model, role_name
 from lnblocks.norms import Norm
@@ -62,6 +67,9 @@ class PatchOptions:
     which meets every model built) or "raise" (``from_pretrained``, ``PatchNormsCallback``; a PEFT model always).
     ``on_unfusable``: with ``fuse_residual``, what a layer that cannot be fused gets: "raise" (``ValueError``, nothing
     changed) or "log" (``patch_transformers``: left unfused, its norms patched).
+    ``chunked_loss``: the labelled loss of the causal LM through the chunked LM head (``lnblocks.hf.chunked_loss``);
+    ``on_unchunkable``: what a model whose loss cannot go that way gets: "raise" or "log" (``patch_transformers``:
+    its norms patched, its loss as it was).
     """
 
     backend: str = "auto"
@@ -70,6 +78,8 @@ class PatchOptions:
     fuse_residual: bool = False
     on_empty: Literal["warn", "log", "raise"] = "warn"
     on_unfusable: Literal["raise", "log"] = "raise"
+    chunked_loss: bool = False
+    on_unchunkable: Literal["raise", "log"] = "raise"
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
@@ -78,6 +88,8 @@ class PatchOptions:
         object.__setattr__(self, "exclude", _selectors(self.exclude, "exclude"))
         check_choice("on_empty", self.on_empty, ("warn", "log", "raise"))
         check_choice("on_unfusable", self.on_unfusable, ("raise", "log"))
+        check_bool("chunked_loss", self.chunked_loss)
+        check_choice("on_unchunkable", self.on_unchunkable, ("raise", "log"))
 
 
 @dataclass
@@ -89,6 +101,7 @@ class PatchPlan:
     report: PatchReport
     norms: list[tuple[nn.Module, Norm, NormMath]] = field(default_factory=list)  # (module, its norm, its math)
     layers: list[LayerPlan] = field(default_factory=list)
+    loss: LossPlan | None = None  # with chunked_loss=True and a model it can patch
 
     def apply(self) -> list[nn.Module]:
         """Patch the chosen modules and fuse the planned layers; returns the modules this call changed (what
@@ -102,6 +115,10 @@ class PatchPlan:
             if not is_fused(plan.layer):
                 fuse(plan.layer, plan.norms)
                 changed.append(plan.layer)
+        lm = self.loss.module if self.loss is not None else None
+        if lm is not None and loss_record_of(lm) is None:
+            install_loss(lm, self.loss.head, self.loss.logit_map)
+            changed.append(lm)
         if not self.report.patched:
             message = f"lnblocks.hf.patch_norms: no norm of {type(self.model).__name__} was patched"
             unknown = self.report.unknown
@@ -122,6 +139,7 @@ def plan_patch(model: nn.Module, options: PatchOptions) -> PatchPlan:
     if not isinstance(options, PatchOptions):
         raise TypeError(f"options must be a PatchOptions, got {type(options).__name__}")
     _check_same_options(model, options)
+    loss_plan, loss_entry = _plan_loss(model, options) if options.chunked_loss else (None, None)
     model_type, roles = role_map_for(model)
     selection = _select(model, roles, options)
     _check_selection(model, options, selection)
@@ -137,21 +155,41 @@ def plan_patch(model: nn.Module, options: PatchOptions) -> PatchPlan:
         patched = {id(m) for m, _, _ in norms} | {id(m) for m in model.modules() if is_patched(m)}
         layers = plan_fusion(model, selection.recognised, patched, strict=options.on_unfusable == "raise")
     layer_entries = tuple(LayerEntry(lp.name, type(lp.layer).__name__, lp.norms) for lp in layers)
-    report = PatchReport(type(model).__name__, model_type, options.backend, tuple(selection.entries), layer_entries)
-    return PatchPlan(model, options, report, norms, layers)
+    entries = tuple(selection.entries)
+    report = PatchReport(type(model).__name__, model_type, options.backend, entries, layer_entries, loss_entry)
+    return PatchPlan(model, options, report, norms, layers, loss_plan)
+
+
+def _plan_loss(model: nn.Module, options: PatchOptions) -> tuple[LossPlan | None, LossEntry]:
+    """The chunked-loss plan and its report entry; a model it cannot patch raises (or, leniently, is logged)."""
+    plan = plan_loss(model)
+    lm = plan.module
+    cls = type(lm).__name__ if lm is not None else type(model).__name__
+    status: Status = "skipped" if plan.reason else "patched"
+    logit_map = HeadForm(plan.logit_map).describe() if plan.head and not plan.reason else ""
+    entry = LossEntry(plan.name, cls, plan.head, status, logit_map, plan.tied, plan.reason)
+    if not plan.reason:
+        return plan, entry
+    message = f"chunked_loss=True: {base_model_name(model)}: {plan.reason}"
+    if options.on_unchunkable == "raise":
+        raise ValueError(message + ". Nothing was changed.")
+    log.info("%s; its loss is left as it was", message)
+    return None, entry
 
 
 def _check_same_options(model: nn.Module, options: PatchOptions) -> None:
     """A model patched before must be asked for the same options again (nothing is changed otherwise)."""
     backends: dict[str, str] = {}  # backend -> the first module patched with it
-    fused = None
+    fused = chunked = None
     for name, module in model.named_modules():
         record = record_of(module)
         if record is not None:
             backends.setdefault(record.norm.spec.backend, name or "<model>")
         if fused is None and fusion_of(module) is not None:
             fused = name
-    if not backends and fused is None:
+        if chunked is None and loss_record_of(module) is not None:
+            chunked = name or "<model>"
+    if not backends and fused is None and chunked is None:
         return
     what = base_model_name(model)
     hint = "unpatch_norms(model) first to patch it with other options; nothing was changed"
@@ -165,8 +203,15 @@ def _check_same_options(model: nn.Module, options: PatchOptions) -> None:
     if (fused is not None) != options.fuse_residual and not lenient:
         raise ValueError(
             f"{what} is already patched with fuse_residual={fused is not None} "
-            f"(e.g. {fused or next(iter(backends.values()))}); patching it "
+            f"(e.g. {fused or next(iter(backends.values()), chunked)}); patching it "
             f"again with fuse_residual={options.fuse_residual} is refused: {hint}"
+        )
+    lenient = options.on_unchunkable == "log" and options.chunked_loss  # where it can: it may have been refused
+    if (chunked is not None) != options.chunked_loss and not lenient:
+        example = chunked or fused or next(iter(backends.values()))
+        raise ValueError(
+            f"{what} is already patched with chunked_loss={chunked is not None} (e.g. {example}); patching it "
+            f"again with chunked_loss={options.chunked_loss} is refused: {hint}"
         )
 
 
@@ -245,6 +290,8 @@ def _check_selection(model: nn.Module, options: PatchOptions, sel: _Selection) -
 
 def _undo(modules: Iterable[nn.Module]) -> None:
     for module in modules:
+        if loss_record_of(module) is not None:
+            uninstall_loss(module)
         if is_fused(module):
             unfuse(module)
         elif is_patched(module):
@@ -258,6 +305,7 @@ def patch_norms(
     exclude: str | Iterable[str] | None = None,
     *,
     fuse_residual: bool = False,
+    chunked_loss: bool = False,
 ) -> PatchReport:
     """Run the norms of ``model`` through lnblocks, in place and reversibly; returns what was done.
 
@@ -268,23 +316,31 @@ def patch_norms(
     ``"q_norm"``) or ``fnmatch`` patterns of module names (``"model.layers.0.*"``). ``fuse_residual=True``: the
     residual add before each norm inside a decoder layer becomes part of the norm call (one kernel on GPU;
     ``lnblocks.hf.residual``); a layer whose code lnblocks cannot verify is refused with a ``ValueError``.
+    ``chunked_loss=True``: a causal LM called with ``labels`` computes its loss through lnblocks' chunked LM head,
+    never holding the ``(B, T, V)`` logits, and returns the last position's logits only (``lnblocks.hf.chunked_loss``);
+    a model whose head or loss it does not reproduce is refused with a ``ValueError`` naming why.
 
     Works on PEFT models (``PeftModel``: LoRA layers are left alone, norms in ``ModulesToSaveWrapper`` patched) and on
     accelerate-dispatched ones (``device_map``: the device hooks are kept). Patching again with the same options is
     harmless (no second wrapper; selection only adds modules) and returns the report again; with another backend or
     ``fuse_residual`` it is refused (``unpatch_norms`` first). Every error leaves the model exactly as it was.
     """
-    plan = plan_patch(model, PatchOptions(backend, include, exclude, fuse_residual))
+    options = PatchOptions(backend, include, exclude, fuse_residual, chunked_loss=chunked_loss)
+    plan = plan_patch(model, options)
     plan.apply()
     return plan.report
 
 
 def unpatch_norms(model: nn.Module) -> int:
-    """Restore the original forward of every patched module (and class of every fused layer) in ``model``; returns
-    how many norms were restored."""
+    """Restore the original forward of every patched module (and class of every fused layer, and the forward, loss
+    function and head of a causal LM with ``chunked_loss``) in ``model``; returns how many norms were restored."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     modules = list(model.modules())
+    _undo(m for m in modules if loss_record_of(m) is not None)
+    for module in modules:  # a head copy PEFT made after patching, or one left by a copied model
+        if is_head(module):
+            uninstall_head(module)
     _undo(m for m in modules if is_fused(m))
     restored = [m for m in modules if is_patched(m)]
     _undo(restored)
@@ -299,10 +355,11 @@ def patched_norms(
     exclude: str | Iterable[str] | None = None,
     *,
     fuse_residual: bool = False,
+    chunked_loss: bool = False,
 ) -> Iterator[PatchReport]:
     """``with patched_norms(model) as report:`` patches on entry and restores on exit the modules it patched
     (modules patched before entering stay patched)."""
-    plan = plan_patch(model, PatchOptions(backend, include, exclude, fuse_residual))
+    plan = plan_patch(model, PatchOptions(backend, include, exclude, fuse_residual, chunked_loss=chunked_loss))
     changed = plan.apply()
     try:
         yield plan.report

@@ -39,6 +39,23 @@ class LayerEntry:
 
 
 @dataclass(frozen=True)
+class LossEntry:
+    """The causal LM asked for ``chunked_loss=True``: ``name`` (in the patched model) and class, ``head`` (its LM
+    head's attribute), ``logit_map`` (what its forward applies to the logits, e.g. "none",
+    "softcap(config.final_logit_softcapping)", "mul(logit_scale)"), ``tied`` (the head's weight is the input
+    embedding's); ``status`` "patched" (its labelled loss runs through the chunked head) or "skipped" (``reason``
+    says why)."""
+
+    name: str
+    cls: str
+    head: str
+    status: Status
+    logit_map: str = ""
+    tied: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class PatchReport:
     """The result of ``patch_norms``; ``str(report)`` is a table grouped by role, with layer indices folded."""
 
@@ -47,6 +64,7 @@ class PatchReport:
     backend: str
     entries: tuple[PatchEntry, ...] = field(default_factory=tuple)
     layers: tuple[LayerEntry, ...] = field(default_factory=tuple)
+    loss: LossEntry | None = None  # with chunked_loss=True
 
     @property
     def patched(self) -> list[PatchEntry]:
@@ -74,6 +92,7 @@ class PatchReport:
             "backend": self.backend,
             "entries": [asdict(e) for e in self.entries],
             "layers": [asdict(e) for e in self.layers],
+            "loss": None if self.loss is None else asdict(self.loss),
         }
 
     def __str__(self) -> str:
@@ -100,6 +119,12 @@ class PatchReport:
             for (name, cls, norms), count in groups.items():
                 times = f" x{count}" if count > 1 else ""
                 lines.append(f"    {name}{times}  [{cls}]  before {norms}")
+        if self.loss is not None:
+            e = self.loss
+            where = f"{e.name or '<model>'}.{e.head}" if e.head else e.name or "<model>"
+            what = f"logit map {e.logit_map}" + (", tied to the input embedding" if e.tied else "")
+            state = what if e.status == "patched" else f"left alone: {e.reason}"
+            lines.append(f"  loss through the chunked LM head (chunked_loss=True): {where}  [{e.cls}]  {state}")
         return "\n".join(lines)
 
 

@@ -7,6 +7,8 @@ and ``TrainingArguments(use_liger_kernel=True)``:
     model = lnblocks.hf.from_pretrained("path/to/model", fuse_residual=True)        # load, then patch
     trainer = Trainer(model, args, callbacks=[lnblocks.hf.PatchNormsCallback()])    # patch what the Trainer trains
 
+``chunked_loss=True`` in either also runs the labelled loss through the chunked LM head (``lnblocks.hf.chunked_loss``).
+
 Both raise ``ValueError`` when there is no norm to patch (a model whose norm classes lnblocks does not recognise),
 instead of training silently without lnblocks. transformers is imported only when they are used.
 """
@@ -36,6 +38,7 @@ def from_pretrained(
     fuse_residual: bool = False,
     include: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
+    chunked_loss: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
     """``model_class.from_pretrained(name_or_path, *model_args, **kwargs)`` with its norms patched by lnblocks.
@@ -45,7 +48,7 @@ def from_pretrained(
     ``patch_norms``'s; the patch report is logged (``logging.getLogger("lnblocks.hf")``, INFO) and returned again by
     ``patch_norms(model, <same options>)``.
     """
-    options = PatchOptions(backend, include, exclude, fuse_residual, on_empty="raise")
+    options = PatchOptions(backend, include, exclude, fuse_residual, on_empty="raise", chunked_loss=chunked_loss)
     if model_class is None:
         model_class = require("transformers").AutoModelForCausalLM
     if not callable(getattr(model_class, "from_pretrained", None)):
@@ -67,8 +70,10 @@ class _Options:
         include: str | Iterable[str] | None = None,
         exclude: str | Iterable[str] | None = None,
         unpatch_at_end: bool = False,
+        chunked_loss: bool = False,
     ) -> None:
-        self.options = PatchOptions(backend, include, exclude, fuse_residual, on_empty="raise")
+        options = {"on_empty": "raise", "chunked_loss": chunked_loss}
+        self.options = PatchOptions(backend, include, exclude, fuse_residual, **options)
         check_bool("unpatch_at_end", unpatch_at_end)
         self.unpatch_at_end = unpatch_at_end
         self.report: PatchReport | None = None
@@ -86,10 +91,10 @@ def _callback_class() -> type:
     transformers = require("transformers")
 
     class PatchNormsCallback(_Options, transformers.TrainerCallback):
-        """``Trainer(..., callbacks=[PatchNormsCallback(backend=..., fuse_residual=...)])``: the Trainer's model is
-        patched when the Trainer is built and again when training starts (a ``model_init`` model, or options
-        refused there, surface before the first step); ``unpatch_at_end=True`` restores it after training.
-        ``report``: the latest ``PatchReport``."""
+        """``Trainer(..., callbacks=[PatchNormsCallback(backend=..., fuse_residual=..., chunked_loss=...)])``: the
+        Trainer's model is patched when the Trainer is built and again when training starts (a ``model_init`` model,
+        or options refused there, surface before the first step); ``unpatch_at_end=True`` restores it after
+        training. ``report``: the latest ``PatchReport``."""
 
         def on_init_end(self, args: Any, state: Any, control: Any, model: nn.Module | None = None, **kw: Any) -> None:
             self._apply(model)

@@ -6,8 +6,9 @@ and the running max. The gradients come one of two ways:
 
 - no z-loss (the default), not fp16, and a backward to come: Liger-Kernel's fused linear cross-entropy scheme.
   Each chunk's gradient to the hidden states and its share of the weight's are computed in the forward, for an
-  upstream gradient of 1, and the backward scales them by the real one. Three GEMMs per chunk, as for the full
-  logits. Not under fp16 autocast: there the logits' gradient for an upstream 1 (``p / N``, ~1e-8 at V = 30k) is
+  upstream gradient of 1, and the backward scales them by the real one (eagerly in place: no second ``(V, C)``
+  buffer, so a second backward through the same graph raises). Three GEMMs per chunk, as for the full logits.
+  Not under fp16 autocast: there the logits' gradient for an upstream 1 (``p / N``, ~1e-8 at V = 30k) is
   under fp16's normal range, which is why fp16 trains with a ``GradScaler``; it must see the scaled upstream
   gradient before the cast, so fp16 takes the second route (measured at V = 30,522: 7% error in the hidden-state
   gradient in the forward, 0.03% recomputed, as the full loss).
@@ -40,13 +41,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
 
-from lnblocks.config import check_bool, check_float, check_int
+from lnblocks.config import check_bool, check_choice, check_float, check_int
 
 SINGLE_CHUNK_ELEMENTS = 1 << 22  # logits up to 16 MiB in fp32 are computed in one chunk (exact, fastest)
 LOGITS_FRACTION = 8  # otherwise a chunk's three fp32 (rows, V) buffers take at most 1/8 of the logits
 MIN_CHUNK_ELEMENTS = 1 << 18  # but 1 MiB of fp32 logits per chunk at least: fewer, larger GEMMs
 MAX_CHUNK_FRACTION = 16  # and at most 1/16 of the rows (with tiny batches at huge vocabularies)
 _LOW = (torch.float16, torch.bfloat16)
+REDUCTIONS = {"mean": 1, "sum": 2}  # the loss reductions, as nll_loss's reduction codes
 
 
 class LMHeadStats(NamedTuple):
@@ -88,15 +90,22 @@ def _grads_in_forward(targets: Tensor | None, z_coef: float, dtype: torch.dtype)
 
 
 def _ce_grad(
-    logp: Tensor, t: Tensor, g_loss: Tensor, total: Tensor, ignore_index: int, out: tuple[Tensor, Tensor] | None = None
+    logp: Tensor,
+    t: Tensor,
+    g_loss: Tensor,
+    total: Tensor,
+    ignore_index: int,
+    reduction: int,
+    out: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """The gradient of the mean cross-entropy to a chunk's fp32 logits, by the ops autograd runs for it; ``out``:
-    two ``logp``-shaped buffers to write into (the same kernels' out variants: the same bits)."""
+    """The gradient of the mean (``reduction`` 1) or summed (2) cross-entropy to a chunk's fp32 logits, by the ops
+    autograd runs for it; ``out``: two ``logp``-shaped buffers to write into (the same kernels' out variants: the
+    same bits)."""
     if out is None:
-        gl = torch.ops.aten.nll_loss_backward(g_loss, logp, t, None, 1, ignore_index, total)
+        gl = torch.ops.aten.nll_loss_backward(g_loss, logp, t, None, reduction, ignore_index, total)
         return torch._log_softmax_backward_data(gl, logp, 1, torch.float32)
     gl, g = out  # nll_loss_backward zeroes its grad_input before it scatters
-    torch.ops.aten.nll_loss_backward.grad_input(g_loss, logp, t, None, 1, ignore_index, total, grad_input=gl)
+    torch.ops.aten.nll_loss_backward.grad_input(g_loss, logp, t, None, reduction, ignore_index, total, grad_input=gl)
     return torch._log_softmax_backward_data(gl, logp, 1, torch.float32, out=g)
 
 
@@ -141,6 +150,7 @@ def _forward_impl(
     z_coef: float,
     rows: int,
     dtype: torch.dtype,
+    reduction: int,
     stats: bool,
     need_h: bool,
     need_w: bool,
@@ -180,14 +190,15 @@ def _forward_impl(
             if in_forward:
                 del lf  # its buffer takes the loss's gradient to logp
                 outs = None if buf is None else (buf.get(0, n), buf.get(2, n))
-                g = _ce_grad(logp, t, one, counted, ignore_index, outs).to(dtype)
+                g = _ce_grad(logp, t, one, counted, ignore_index, reduction, outs).to(dtype)
                 _to_inputs(g, hc, wc, s, grad_h, grad_w)
     max_logit = torch.stack(maxes).amax() if maxes else torch.full((), float("-inf"), device=device)
     if targets is not None:
         col = 1 if ignore_index == 0 else 0  # the picked values sit in this column of a (N, 2) input
         t2 = torch.where(targets == ignore_index, ignore_index, col)
         # nll_loss over the picked values runs the same cascade sum over rows as over the full logits
-        loss, total = torch.ops.aten.nll_loss_forward(picked.unsqueeze(1).expand(N, 2), t2, None, 1, ignore_index)
+        picked2 = picked.unsqueeze(1).expand(N, 2)
+        loss, total = torch.ops.aten.nll_loss_forward(picked2, t2, None, reduction, ignore_index)
     else:
         loss, total = torch.zeros((), device=device), torch.zeros((), device=device)  # no targets: unused
     z = z_coef * lse.pow(2).mean() if z_coef else torch.zeros((), device=device)
@@ -206,6 +217,7 @@ def _backward_impl(
     z_coef: float,
     rows: int,
     dtype: torch.dtype,
+    reduction: int,
     need_h: bool,
     need_w: bool,
 ) -> tuple[Tensor, Tensor]:
@@ -234,14 +246,14 @@ def _backward_impl(
             logp = torch.log_softmax(lf, dim=1) if buf is None else torch._log_softmax(lf, 1, False, out=buf.get(2, n))
             del lf
             outs = None if buf is None else (buf.get(0, n), buf.get(3, n))
-            gc = _ce_grad(logp, targets[s : s + n], g_loss, total, ignore_index, outs).to(dtype)
+            gc = _ce_grad(logp, targets[s : s + n], g_loss, total, ignore_index, reduction, outs).to(dtype)
             del logp
             g = gc if g is None else g.add_(gc)  # autograd sums the two paths' grads in the logits' dtype
         _to_inputs(g, hc, wc, s, grad_h, grad_w)
     return grad_h, grad_w.to(weight.dtype)
 
 
-def _forward_fake(hidden, weight, targets, ignore_index, z_coef, rows, dtype, stats, need_h, need_w):
+def _forward_fake(hidden, weight, targets, ignore_index, z_coef, rows, dtype, reduction, stats, need_h, need_w):
     scalar = hidden.new_empty((), dtype=torch.float32)
     lse = hidden.new_empty((hidden.shape[0] if stats or z_coef else 0,), dtype=torch.float32)
     in_forward = _grads_in_forward(targets, z_coef, dtype)
@@ -250,11 +262,11 @@ def _forward_fake(hidden, weight, targets, ignore_index, z_coef, rows, dtype, st
     return scalar, torch.empty_like(scalar), torch.empty_like(scalar), lse, torch.empty_like(scalar), grad_h, grad_w
 
 
-def _backward_fake(g_loss, g_z, hidden, weight, targets, lse, total, ignore_index, z_coef, rows, dtype, nh, nw):
+def _backward_fake(g_loss, g_z, hidden, weight, targets, lse, total, ignore_index, z_coef, rows, dtype, red, nh, nw):
     return hidden.new_empty(hidden.shape if nh else (0,)), weight.new_empty(weight.shape if nw else (0,))
 
 
-_ARGS = "int ignore_index, float z_coef, int rows, ScalarType dtype"
+_ARGS = "int ignore_index, float z_coef, int rows, ScalarType dtype, int reduction"
 _fwd_op = torch.library.custom_op(
     "lnblocks::lm_head_ce_fwd",
     _forward_impl,
@@ -277,17 +289,19 @@ _bwd_op = torch.library.custom_op(
 _bwd_op.register_fake(_backward_fake)
 
 
-def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-    hidden, weight, targets, ignore_index, z_coef, rows, dtype, _stats, need_h, need_w = inputs
+def _setup_context(ctx: Any, inputs: tuple, output: tuple, eager: bool = False) -> None:
+    hidden, weight, targets, ignore_index, z_coef, rows, dtype, reduction, _stats, need_h, need_w = inputs
     _loss, _z, max_logit, lse, total, grad_h, grad_w = output
     ctx.mark_non_differentiable(max_logit, lse, total, grad_h, grad_w)
     ctx.set_materialize_grads(False)
     ctx.in_forward = _grads_in_forward(targets, z_coef, dtype) and (need_h or need_w)
-    if ctx.in_forward:  # the gradients are there: keep them, not the inputs
+    if ctx.in_forward and eager:  # kept on ctx alone: the backward scales them in place and hands them on
+        ctx.grads = [grad_h, grad_w]
+    elif ctx.in_forward:  # the gradients are there: keep them, not the inputs
         ctx.save_for_backward(grad_h, grad_w)
     else:
         ctx.save_for_backward(hidden, weight, targets, lse, total)
-    ctx.args = (ignore_index, z_coef, rows, dtype)
+    ctx.args = (ignore_index, z_coef, rows, dtype, reduction)
 
 
 DOUBLE_BACKWARD = (
@@ -302,16 +316,26 @@ def _backward(ctx: Any, g_loss: Tensor | None, g_z: Tensor | None, *_: Any, thro
     if torch.is_grad_enabled() and not through_op:  # create_graph=True: the backward itself would be differentiated
         raise RuntimeError(DOUBLE_BACKWARD)
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    if ctx.in_forward:  # scale the forward's gradients (for an upstream 1) by the upstream gradient
+    if ctx.in_forward and not through_op:  # eager: scaled in place, no second (V, C) buffer
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:
+            raise RuntimeError(
+                "lm_head_loss: its backward ran twice (retain_graph): the gradients it computes in the forward are "
+                "scaled in place by the first; run the forward again for a second backward"
+            )
+        if g_loss is None:
+            return None, None, *([None] * 9)
+        grad_h, grad_w = grads[0].mul_(g_loss.to(grads[0].dtype)), grads[1].mul_(g_loss.to(grads[1].dtype))
+    elif ctx.in_forward:  # scale the forward's gradients (for an upstream 1) by the upstream gradient
         grad_h, grad_w = ctx.saved_tensors
         if g_loss is None:
-            return None, None, *([None] * 8)
+            return None, None, *([None] * 9)
         grad_h, grad_w = grad_h * g_loss.to(grad_h.dtype), grad_w * g_loss.to(grad_w.dtype)
     else:
         hidden, weight, targets, lse, total = ctx.saved_tensors
         bwd = _bwd_op if through_op else _backward_impl
         grad_h, grad_w = bwd(g_loss, g_z, hidden, weight, targets, lse, total, *ctx.args, need_h, need_w)
-    return (grad_h if need_h else None), (grad_w if need_w else None), *([None] * 8)
+    return (grad_h if need_h else None), (grad_w if need_w else None), *([None] * 9)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -324,7 +348,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, *inputs: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
         output = _forward_impl(*inputs)
-        _setup_context(ctx, inputs, output)
+        _setup_context(ctx, inputs, output, eager=True)
         return output
 
     @staticmethod
@@ -344,14 +368,22 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 
 def _one_chunk(
-    hidden: Tensor, weight: Tensor, targets: Tensor | None, ignore_index: int, z_coef: float, stats: bool
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor | None,
+    ignore_index: int,
+    z_coef: float,
+    stats: bool,
+    reduction: str,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """All rows at once through autograd: ``F.linear`` then the fp32 loss, as ``GPT.forward`` computes it (on
     ``hidden`` in its own shape: under autocast a 2-D and a 3-D ``F.linear`` differ in the last bit)."""
     logits = F.linear(hidden, weight).reshape(-1, weight.shape[0])  # (N, V); a 1-D hidden is one row
     # each use takes its own .float(), as GPT.forward and the study's z-loss do: under autocast their gradients
     # are then rounded to the logits' dtype before they are summed
-    loss = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index) if targets is not None else None
+    loss = None
+    if targets is not None:
+        loss = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction=reduction)
     lse = torch.logsumexp(logits.float(), dim=-1) if stats or z_coef else None  # (N,)
     z = z_coef * lse.pow(2).mean() if z_coef else None
     max_logit = _max_or_minus_inf(logits.detach().float()) if stats else None
@@ -411,6 +443,7 @@ def lm_head_loss(
     z_loss: float = 0.0,
     stats: bool | None = None,
     chunk_rows: int | None = None,
+    reduction: str = "mean",
 ) -> tuple[Tensor | None, LMHeadStats]:
     """``(loss, stats)`` of the LM head ``logits = hidden @ weight.T`` without materialising the logits.
 
@@ -422,7 +455,9 @@ def lm_head_loss(
     Under ``torch.autocast`` the head runs in the autocast dtype and the softmax in fp32, as ``F.linear`` then
     ``.float()`` would. ``stats``: also compute ``max_logit`` and ``log_z`` (None: only without targets, where
     they are all there is to compute; they cost a max and a logsumexp per chunk). ``chunk_rows``: rows per chunk
-    (default ``default_chunk_rows``).
+    (default ``default_chunk_rows``). ``reduction``: "mean" (the above) or "sum" (the summed cross-entropy of the
+    counted positions, ``F.cross_entropy(..., reduction="sum")``'s bits: what HF's causal-LM loss divides by
+    ``num_items_in_batch`` under gradient accumulation).
     """
     if not isinstance(hidden, Tensor):
         raise TypeError(f"hidden must be a torch.Tensor of shape (..., C), got {type(hidden).__name__}")
@@ -442,17 +477,19 @@ def lm_head_loss(
     if chunk_rows is not None:
         chunk_rows = check_int("chunk_rows", chunk_rows)
     stats = targets is None if stats is None else check_bool("stats", stats)
+    reduction = check_choice("reduction", reduction, tuple(REDUCTIONS))
     _check_plain(weight)
     dtype = _compute_dtype(hidden, weight)
     grad = torch.is_grad_enabled() and (h2.requires_grad or weight.requires_grad)
     recompute = grad and not _grads_in_forward(targets, z_loss, dtype)  # the backward's four buffers
     rows = default_chunk_rows(N, V, 5 if recompute else 3) if chunk_rows is None else chunk_rows
     if rows >= N:  # small logits: the plain autograd path, which is today's computation itself
-        loss, z, max_logit, lse = _one_chunk(hidden, weight, targets, ignore_index, z_loss, stats)
+        loss, z, max_logit, lse = _one_chunk(hidden, weight, targets, ignore_index, z_loss, stats, reduction)
     else:
         fn = _fwd_op if torch.compiler.is_compiling() else _ChunkedLinearCrossEntropy.apply
         grad = torch.is_grad_enabled()
         need_h, need_w = grad and h2.requires_grad, grad and weight.requires_grad
-        loss, z, max_logit, lse, *_ = fn(h2, weight, targets, ignore_index, z_loss, rows, dtype, stats, need_h, need_w)
+        args = (ignore_index, z_loss, rows, dtype, REDUCTIONS[reduction], stats, need_h, need_w)
+        loss, z, max_logit, lse, *_ = fn(h2, weight, targets, *args)
     out = LMHeadStats(z if z_loss else None, max_logit if stats else None, lse.view(lead) if stats else None)
     return (loss if targets is not None else None), out

@@ -230,8 +230,10 @@ def test_custom_ops_pass_opcheck() -> None:
     """Schema, fake (meta) implementation and autograd registration of both ops, as torch.compile relies on them."""
     h, w, t = _data("some")
     h2, w2 = h.reshape(-1, C).requires_grad_(), w.clone().requires_grad_()
-    for targets, coef in ((t.flatten(), 1e-2), (t.flatten(), 0.0), (None, 0.0)):  # recompute, in-forward, stats
-        torch.library.opcheck(L._fwd_op, (h2, w2, targets, -100, coef, 8, torch.float32, True, True, True))
+    cases = ((t.flatten(), 1e-2, 1), (t.flatten(), 0.0, 1), (t.flatten(), 0.0, 2), (None, 0.0, 1))
+    for targets, coef, reduction in cases:  # recompute, in-forward (mean, sum), stats
+        args = (h2, w2, targets, -100, coef, 8, torch.float32, reduction, True, True, True)
+        torch.library.opcheck(L._fwd_op, args)
 
 
 @pytest.mark.parametrize("rows", [8, None])
