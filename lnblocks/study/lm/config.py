@@ -346,6 +346,11 @@ ADDED_KEYS: dict[str, Any] = {
     "data.allow_unused_vocab": False,
     "data.corpus": None,
     "train.deterministic": False,
+    "model.v_norm": None,
+    "model.mlp_placement": None,
+    "model.hyper_connections": None,
+    "model.emb_scale": None,
+    "model.final_softcap": None,
 }
 EXECUTION_KEYS = ("train.checkpoint", "train.parallel")
 KEY_VERSIONS: dict[str, tuple[int, tuple[Any, ...] | None, str]] = {}

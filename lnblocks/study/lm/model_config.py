@@ -23,9 +23,16 @@ STUDY_PLACEMENTS = (*PLACEMENTS, "mix_ln")  # mix_ln: built with ``lnblocks.mode
 
 # the BlockConfig and GPTConfig fields of the model section, by owner
 BLOCK_KEYS = ("dim", "norm", "attention", "mlp", "qk_norm", "depth_scaled_norm", "shared_norm", "deepnorm_alpha",
-              "rezero", "dropout", "mlp_norm")  # fmt: skip
+              "rezero", "dropout", "mlp_norm", "v_norm", "mlp_placement", "hyper_connections")  # fmt: skip
 GPT_KEYS = ("positions", "rope_theta", "tie_weights", "final_norm", "init", "init_std", "emb_init_std", "emb_dropout",
-            "emb_norm", "qkv_init")  # fmt: skip
+            "emb_norm", "qkv_init", "emb_scale", "final_softcap")  # fmt: skip
+# Norm-spec fields the library added after run ids were fixed, with the value that computes what runs did before
+# each existed: the model section's stored form (and so every run id) leaves them out at that value, as
+# ``lm.config.ADDED_KEYS`` does for the sections' own keys. Per kind; "*" applies to every kind.
+NORM_ADDED: dict[str, dict[str, Any]] = {
+    "*": {"group_size": None, "per_head": False, "memory_efficient": False},
+    "layernorm": {"cast": "fp32"},
+}
 # shorthand -> the (nested block field, key) pairs it sets
 SHORTHANDS: dict[str, tuple[tuple[str, str], ...]] = {
     "n_heads": (("attention", "n_heads"),),
@@ -33,6 +40,14 @@ SHORTHANDS: dict[str, tuple[tuple[str, str], ...]] = {
     "activation": (("mlp", "activation"),),
     "bias": (("attention", "qkv_bias"), ("attention", "out_bias"), ("mlp", "bias")),
 }
+
+
+def _legacy_norm_form(value: Any) -> Any:
+    """A norm spec's dict without the ``NORM_ADDED`` fields at their earlier value (other values pass unchanged)."""
+    if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+        return value
+    added = {**NORM_ADDED["*"], **NORM_ADDED.get(value["kind"], {})}
+    return {k: v for k, v in value.items() if not (k in added and type(v) is type(added[k]) and v == added[k])}
 
 
 def _library_error(err: Exception) -> Exception:
@@ -78,6 +93,9 @@ class ModelConfig(Config):
     rezero: Any = False
     dropout: Any = 0.0
     mlp_norm: Any = False
+    v_norm: Any = None  # added later: None leaves run ids as they were (lm.config.ADDED_KEYS)
+    mlp_placement: Any = None
+    hyper_connections: Any = None
     # GPTConfig's fields
     positions: Any = "learned"
     rope_theta: Any = 10000.0
@@ -89,6 +107,8 @@ class ModelConfig(Config):
     emb_dropout: Any = 0.0
     emb_norm: Any = None
     qkv_init: Any = "per_matrix"
+    emb_scale: Any = None
+    final_softcap: Any = None
     # the study's own
     depth: int = 6
     placement: str = "pre"
@@ -148,6 +168,11 @@ class ModelConfig(Config):
                     )
                 nested[section][key] = value
         return nested
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every resolved key, the norm specs in the form runs stored before the library added ``NORM_ADDED``'s
+        fields (a run id hashes this)."""
+        return {k: _legacy_norm_form(v) for k, v in super().to_dict().items()}
 
     def gpt_config(self, vocab_size: int, max_seq_len: int, block: BlockConfig | None = None) -> GPTConfig:
         """The ``GPTConfig`` this section describes (the model package validates placement, norm, heads, init)."""
