@@ -125,7 +125,6 @@ def test_docs_command_refreshes_blocks_and_figures_wherever_they_are(tmp_path: P
     assert main([*args, "--check"]) == 0
 
 
-
 # Studies whose committed summary was exported with today's run ids (the placements, Wortsman and held-out Xiong
 # summaries were exported before changes that moved their ids; their claims are recomputed from the summary's
 # columns, which hold no config)
