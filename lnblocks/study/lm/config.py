@@ -460,6 +460,12 @@ class RunConfig(LabelledRun, Config):
                 "'muon' is not supported with train.parallel: Muon orthogonalises whole matrices, which FSDP2 and "
                 "tensor parallelism split across ranks (null, DDP under torchrun, runs it)",
             )
+        if self.model.placement == "ngpt":
+            raise ConfigValueError(
+                "model.placement",
+                "'ngpt' is not supported with train.parallel: its weights are renormalised whole after every step "
+                "(null, DDP under torchrun, runs it)",
+            )
         batch, accum = self.data.batch_size, self.train.grad_accum
         if batch % (p.dp_shard * accum):
             raise ConfigValueError(

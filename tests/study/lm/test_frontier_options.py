@@ -115,6 +115,8 @@ def test_muon_keys_leave_run_ids_alone_and_bad_combinations_are_refused() -> Non
         muon_run(optimizer={**MUON, "independent_wd": True})
     with pytest.raises(ValueError, match=r"'muon' is not supported with train\.parallel"):
         muon_run(parallel={"dp_shard": 2})
+    with pytest.raises(ValueError, match=r"model\.placement 'ngpt' is not supported with train\.parallel"):
+        muon_run(NGPT, optimizer={"name": "adamw"}, parallel={"dp_shard": 2})
 
 
 def test_probe_reads_the_sink_the_median_and_the_mixing_gain_as_the_model_probe_does() -> None:

@@ -248,8 +248,8 @@ def frontier_columns(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]
     sink = [v for v in last.get("attn_sink") or [] if v is not None]
     target = analysis.target_loss
     return {
-        "optimizer": cfg["train"]["optimizer"]["name"],
-        "norm_alpha": model["norm"].get("alpha_init"),
+        "optimizer": (cfg["train"].get("optimizer") or {}).get("name", ""),
+        "norm_alpha": (model.get("norm") or {}).get("alpha_init"),
         "mlp_placement": _option(model.get("mlp_placement")),
         "v_norm": model.get("v_norm") is not None,
         "hyper": _option(hyper.get("kind")),
@@ -265,7 +265,7 @@ def frontier_columns(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]
         "final_mixing_gain": gains[-1] if gains else None,
         "max_mixing_gain": max(gains) if gains else None,
         "target_loss": target,
-        "steps_to_target": steps_to_target(res.loss, target, cfg["train"]["final_window"]) if target else None,
+        "steps_to_target": steps_to_target(res.loss, target, cfg["train"].get("final_window", 30)) if target else None,
     }
 
 
