@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = Path(__file__).parent / "fixtures" / "shipped_run_ids.json"
 # Runs on the user's own token files: their ids hold the files' absolute paths (and, once bound, their digest), so
 # no committed list can hold them; a change to how such a config is hashed shows in every other config's ids too.
-USER_FILES = {"gpt2_small_prepost.yaml"}
+USER_FILES = {"gpt2_small_prepost.yaml", "frontier_gpu.yaml"}
 
 
 def shipped_run_ids() -> dict[str, list[str]]:

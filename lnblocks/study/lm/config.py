@@ -11,7 +11,7 @@ schema), validated by building a ``CorpusConfig``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_choice, check_float, check_int, check_str
 from lnblocks.models.parallel.config import ParallelConfig
@@ -24,7 +24,8 @@ BUILTIN_SOURCES = ("shakespeare", "markov")
 DATA_SOURCES = (*BUILTIN_SOURCES, *CORPUS_SOURCES)
 TEXT_SETS = ("modern", "folio", "all")
 SCHEDULES = ("constant", "cosine", "linear", "inv_sqrt")
-OPTIMIZERS = ("adamw", "adam", "sgd")
+OPTIMIZERS = ("adamw", "adam", "sgd", "muon")
+MUON_LR_ADJUST = ("match_rms_adamw", "original")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
 # data keys whose values are file paths (or lists of them): relative ones resolve against the study file's folder
@@ -134,14 +135,24 @@ class DataConfig(CorpusFields, Config):
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig(Config):
-    """AdamW (Loshchilov & Hutter 2019; ``weight_decay: 0`` is Adam), Adam, or SGD with momentum.
+    """AdamW (Loshchilov & Hutter 2019; ``weight_decay: 0`` is Adam), Adam, SGD with momentum, or Muon.
     Defaults: Xiong et al. 2020's Adam betas (0.9, 0.98), eps 1e-8, no weight decay. Every value is one torch's
     optimizers accept: ``beta1``, ``beta2`` in [0, 1), ``eps`` > 0, ``weight_decay`` >= 0, ``momentum`` in [0, 1].
 
     ``independent_wd`` (AdamW only): the decay per step is ``weight_decay`` times the schedule's factor
     ``lr_t / lr`` (``weight_decay`` itself after warmup at a constant LR), not ``lr_t * weight_decay`` as in
     torch's AdamW: "independent" weight decay, which does not change when the LR does (Wortsman et al. 2023,
-    arXiv 2309.14322, sec. 3.2.2; Loshchilov & Hutter's original form)."""
+    arXiv 2309.14322, sec. 3.2.2; Loshchilov & Hutter's original form).
+
+    ``muon``: ``torch.optim.Muon`` (Jordan et al. 2024) on the 2-D weights of the blocks' linear layers and AdamW
+    (``beta1``, ``beta2``, ``eps``) on everything else, as torch's docs and the norm x optimizer study (arXiv
+    2604.01563) pair them (``lnblocks.models.build_muon``); ``weight_decay`` on the matrices of both, none on 1-D
+    parameters. Its own keys: ``muon_momentum`` (0.95), ``nesterov`` (true), ``ns_steps`` (5 Newton-Schulz
+    iterations), ``muon_adjust_lr`` (``match_rms_adamw``: each update rescaled to AdamW's RMS, so one ``train.lr``
+    axis means the same for both optimizers; ``original``: Keller Jordan's ``sqrt(max(1, rows / cols))``) and
+    ``adamw_lr`` (the AdamW part's peak LR; null: ``train.lr``). The schedule scales every parameter group from its
+    own peak (``initial_lr``).
+    """
 
     name: str = "adamw"
     beta1: float = 0.9
@@ -150,6 +161,15 @@ class OptimizerConfig(Config):
     weight_decay: float = 0.0
     momentum: float = 0.9
     independent_wd: bool = False
+    muon_momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    muon_adjust_lr: str = "match_rms_adamw"
+    adamw_lr: float | None = None
+
+    # keys added after run ids were fixed, at the value every run had before: left out of the stored form (the id)
+    ADDED: ClassVar[dict[str, Any]] = {"muon_momentum": 0.95, "nesterov": True, "ns_steps": 5,
+                                       "muon_adjust_lr": "match_rms_adamw", "adamw_lr": None}  # fmt: skip
 
     def __post_init__(self) -> None:
         check_choice("name", self.name, OPTIMIZERS)
@@ -163,6 +183,27 @@ class OptimizerConfig(Config):
         self._set("momentum", check_float("momentum", self.momentum, lo=0, hi=1))
         self._set("eps", check_float("eps", self.eps, lo=0, lo_open=True))
         self._set("weight_decay", check_float("weight_decay", self.weight_decay, lo=0))
+        self._check_muon()
+
+    def _check_muon(self) -> None:
+        self._set("muon_momentum", check_float("muon_momentum", self.muon_momentum, lo=0, hi=1, hi_open=True))
+        check_bool("nesterov", self.nesterov)
+        self._set("ns_steps", check_int("ns_steps", self.ns_steps))
+        check_choice("muon_adjust_lr", self.muon_adjust_lr, MUON_LR_ADJUST)
+        self._set("adamw_lr", check_float("adamw_lr", self.adamw_lr, lo=0, lo_open=True, allow_none=True))
+        if self.name != "muon":
+            changed = [k for k, legacy in self.ADDED.items() if getattr(self, k) != legacy]
+            if changed:
+                raise ConfigValueError(changed[0], f"is a key of name 'muon', got name {self.name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every key but the Muon keys at their defaults (they were added after run ids were fixed)."""
+        out = super().to_dict()
+        return {k: v for k, v in out.items() if not (k in self.ADDED and _same_value(v, self.ADDED[k]))}
+
+
+def _same_value(value: Any, legacy: Any) -> bool:
+    return type(value) is type(legacy) and value == legacy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,14 +361,19 @@ class AnalysisConfig(Config):
     held-out ``"eval"`` loss or the ``"train"`` loss averaged over the last ``train.final_window`` steps.
     ``stable_tol``: the max stable LR is the largest LR whose loss is within this of the best loss at that depth.
     ``init_profile``: how the gradient profile at init is measured for the findings (``InitProfileConfig``).
+    ``target_loss``: the summary's ``steps_to_target`` is the first step at which a run's training loss, averaged
+    over the last ``train.final_window`` steps, is at or below this (nats; null: not computed); nGPT's claim of
+    the same loss in fewer steps (arXiv 2410.01131) reads it.
     """
 
     stuck_margin: float = 0.3
     stable_tol: float = 0.1
     final_loss: str = "eval"
     init_profile: InitProfileConfig = field(default_factory=InitProfileConfig)
+    target_loss: float | None = None
 
     def __post_init__(self) -> None:
+        self._set("target_loss", check_float("target_loss", self.target_loss, lo=0, lo_open=True, allow_none=True))
         self._nested("init_profile", InitProfileConfig)
         self._set("stuck_margin", check_float("stuck_margin", self.stuck_margin, lo=0, lo_open=True))
         self._set("stable_tol", check_float("stable_tol", self.stable_tol, lo=0, lo_open=True))
@@ -346,6 +392,11 @@ ADDED_KEYS: dict[str, Any] = {
     "data.allow_unused_vocab": False,
     "data.corpus": None,
     "train.deterministic": False,
+    "model.v_norm": None,
+    "model.mlp_placement": None,
+    "model.hyper_connections": None,
+    "model.emb_scale": None,
+    "model.final_softcap": None,
 }
 EXECUTION_KEYS = ("train.checkpoint", "train.parallel")
 KEY_VERSIONS: dict[str, tuple[int, tuple[Any, ...] | None, str]] = {}
@@ -402,6 +453,18 @@ class RunConfig(LabelledRun, Config):
         if self.train.dtype == "fp16":
             raise ConfigValueError(
                 "train.dtype", "'fp16' (a GradScaler) is not supported with train.parallel; use bf16"
+            )
+        if self.train.optimizer.name == "muon":
+            raise ConfigValueError(
+                "train.optimizer.name",
+                "'muon' is not supported with train.parallel: Muon orthogonalises whole matrices, which FSDP2 and "
+                "tensor parallelism split across ranks (null, DDP under torchrun, runs it)",
+            )
+        if self.model.placement == "ngpt":
+            raise ConfigValueError(
+                "model.placement",
+                "'ngpt' is not supported with train.parallel: its weights are renormalised whole after every step "
+                "(null, DDP under torchrun, runs it)",
             )
         batch, accum = self.data.batch_size, self.train.grad_accum
         if batch % (p.dp_shard * accum):

@@ -23,9 +23,9 @@ STUDY_PLACEMENTS = (*PLACEMENTS, "mix_ln")  # mix_ln: built with ``lnblocks.mode
 
 # the BlockConfig and GPTConfig fields of the model section, by owner
 BLOCK_KEYS = ("dim", "norm", "attention", "mlp", "qk_norm", "depth_scaled_norm", "shared_norm", "deepnorm_alpha",
-              "rezero", "dropout", "mlp_norm")  # fmt: skip
+              "rezero", "dropout", "mlp_norm", "v_norm", "mlp_placement", "hyper_connections")  # fmt: skip
 GPT_KEYS = ("positions", "rope_theta", "tie_weights", "final_norm", "init", "init_std", "emb_init_std", "emb_dropout",
-            "emb_norm", "qkv_init")  # fmt: skip
+            "emb_norm", "qkv_init", "emb_scale", "final_softcap")  # fmt: skip
 # shorthand -> the (nested block field, key) pairs it sets
 SHORTHANDS: dict[str, tuple[tuple[str, str], ...]] = {
     "n_heads": (("attention", "n_heads"),),
@@ -78,6 +78,9 @@ class ModelConfig(Config):
     rezero: Any = False
     dropout: Any = 0.0
     mlp_norm: Any = False
+    v_norm: Any = None  # added later: None leaves run ids as they were (lm.config.ADDED_KEYS)
+    mlp_placement: Any = None
+    hyper_connections: Any = None
     # GPTConfig's fields
     positions: Any = "learned"
     rope_theta: Any = 10000.0
@@ -89,6 +92,8 @@ class ModelConfig(Config):
     emb_dropout: Any = 0.0
     emb_norm: Any = None
     qkv_init: Any = "per_matrix"
+    emb_scale: Any = None
+    final_softcap: Any = None
     # the study's own
     depth: int = 6
     placement: str = "pre"

@@ -25,7 +25,10 @@ class LMResult:
     ``grad_norm``: the global gradient norm per step (before clipping); ``stability``: spike scores of the loss and
     the gradient norm, the largest Adam update RMS and the share of norm inputs with variance under eps
     (``lnblocks.study.lm.run.stability.summary``); ``corpus``: for a corpus source, its digest and a summary
-    (``CorpusSummary.record``). These three are null in records older lnblocks wrote.
+    (``CorpusSummary.record``). These three are null in records older lnblocks wrote. ``train_eval``: the final
+    eval-mode loss on fixed windows of the training split (``eval.final`` minus it is the train-val gap), null when
+    diverged and in older records. Diagnostics entries written since hold ``residual_median`` and ``attn_sink`` (the
+    first-token attention mass per layer) and, with hyper-connections, ``mixing_gain``.
     """
 
     # config keys the report reads: checked when a record is loaded
@@ -57,6 +60,7 @@ class LMResult:
     grad_norm: list[float | None] | None = None
     stability: dict[str, Any] | None = None
     corpus: dict[str, Any] | None = None
+    train_eval: float | None = None
 
     # keys of one diagnostics entry (what train_run logs at a diagnostic step); attn_* only with attention probes
     DIAGNOSTICS: ClassVar[dict[str, Any]] = {
@@ -91,9 +95,9 @@ class LMResult:
             check_keys(entry, cls.DIAGNOSTICS, source, where + ".")
             if entry["step"] < 0 or not entry["residual_rms"]:
                 raise RecordError(source, where, "must have a step >= 0 and a non-empty residual_rms")
-            check_keys(
-                entry, {k: "num[]" for k in ("attn_max_logit", "attn_entropy") if k in entry}, source, where + "."
-            )
+            optional = {k: "num[]" for k in ("attn_max_logit", "attn_entropy", "attn_sink", "residual_median")}
+            check_keys(entry, {k: v for k, v in optional.items() if k in entry}, source, where + ".")
+            check_keys(entry, {"mixing_gain": "num?"} if "mixing_gain" in entry else {}, source, where + ".")
             for key in ("grad_norm", "update_ratio", "update_rms"):
                 if key in entry:
                     _check_groups(entry[key], source, f"{where}.{key}")
@@ -135,6 +139,8 @@ def _check_long_run_fields(result: Mapping[str, Any], source: str) -> None:
             raise RecordError(source, "result.corpus", "must be null or a mapping")
         spec = {"digest": (str,), "train_path": (str,), "val_path": (str,), "token_dtype": (str,), "vocab_size": (int,)}
         check_keys(corpus, spec, source, "result.corpus.")
+    if result.get("train_eval") is not None:
+        check_keys(result, {"train_eval": "num?"}, source, "result.")
 
 
 def _is_int(v: Any) -> bool:

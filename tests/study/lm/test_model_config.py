@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lnblocks.models import GPT
-from lnblocks.norms import LayerNorm, LayerNormSpec, RMSNorm
+from lnblocks.norms import LayerNorm, LayerNormSpec, NormSpec, RMSNorm
 from lnblocks.study import ModelConfig, StudyConfig
 
 BASE = {"data": {"source": "markov", "vocab_size": 16, "seq_len": 8, "batch_size": 2, "eval_batches": 1},
@@ -37,7 +37,7 @@ def test_study_config_builds_the_gpt_with_emb_norm_and_mlp_norm() -> None:
     # "layernorm" and {"kind": "layernorm"} are one config: one run id
     same = {**model, "emb_norm": {"kind": "layernorm"}}
     assert StudyConfig.from_dict({**BASE, "model": same}).runs()[0].run_id == run.run_id
-    assert run.model.to_dict()["mlp_norm"] == LayerNormSpec(eps=1e-6).to_dict()
+    assert NormSpec.from_dict(run.model.to_dict()["mlp_norm"]) == LayerNormSpec(eps=1e-6)
 
 
 def test_grid_axes_vary_emb_norm_and_mlp_norm() -> None:
@@ -86,3 +86,24 @@ def test_model_section_lists_the_library_fields_with_their_defaults() -> None:
         for name, default in library.items():
             expected = "xavier" if name == "init" else None if default is dataclasses.MISSING else default
             assert model[name] == expected, f"ModelConfig.{name}"
+
+
+def test_added_library_fields_leave_the_run_ids_as_they_were() -> None:
+    """Fields the library added after run ids were fixed (the block's ``v_norm``, ``mlp_placement``,
+    ``hyper_connections``; the model's ``emb_scale``, ``final_softcap``; the norm specs' ``group_size``, ``per_head``,
+    ``memory_efficient`` and LayerNorm's ``cast``) are left out of the stored form at the value that computes what
+    runs did before, so an existing run keeps its id; any other value is part of the id."""
+    model = {"dim": 32, "depth": 1, "qk_norm": "layernorm"}
+    (run,) = StudyConfig.from_dict({**BASE, "model": model}).runs()
+    stored = run.to_dict()["model"]
+    for key in ("v_norm", "mlp_placement", "hyper_connections", "emb_scale", "final_softcap"):
+        assert key not in stored
+    for spec in (stored["norm"], stored["qk_norm"]):
+        assert not {"group_size", "per_head", "memory_efficient", "cast"} & set(spec)
+    explicit = {**model, "norm": {"kind": "layernorm", "cast": "fp32", "per_head": False}, "v_norm": None}
+    assert StudyConfig.from_dict({**BASE, "model": explicit}).runs()[0].run_id == run.run_id
+    changed = [{"v_norm": "rmsnorm"}, {"mlp_placement": "post"}, {"final_softcap": 30.0},
+               {"hyper_connections": {"n_streams": 2}}, {"norm": {"kind": "layernorm", "cast": "cohere"}},
+               {"norm": {"kind": "rmsnorm", "cast": "fp32"}}]  # fmt: skip
+    ids = {StudyConfig.from_dict({**BASE, "model": {**model, **c}}).runs()[0].run_id for c in changed}
+    assert len(ids) == len(changed) and run.run_id not in ids

@@ -76,6 +76,18 @@ def log_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else math.nan
 
 
+def steps_to_target(losses: Sequence[float | None], target: float, window: int) -> int | None:
+    """The number of steps after which the mean training loss over the last ``window`` steps is first at or below
+    ``target`` (the steps-to-target of nGPT's claim, arXiv 2410.01131), or None when it never is (a non-finite
+    loss in a window makes that window not count)."""
+    window = max(1, min(window, len(losses)))
+    for end in range(window, len(losses) + 1):
+        chunk = losses[end - window : end]
+        if all(v is not None and math.isfinite(v) for v in chunk) and math.fsum(chunk) / window <= target:
+            return end
+    return None
+
+
 def lr_label(lr: float) -> str:
     """``1e-3`` style label for tables and plots."""
     exp = math.floor(math.log10(lr))
@@ -207,9 +219,53 @@ def run_row(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
         "depth_scaled_norm": bool(cfg["model"].get("depth_scaled_norm", False)),
         "mix_post_layers": mix_post_layers(cfg["model"]),
         **stability_columns(rec.result.stability),
+        **frontier_columns(rec, analysis),
         "wall_s": rec.time["wall_s"],
         "cpu_s": rec.time["cpu_s"],
         "step_ms": rec.time["step_ms"],
+    }
+
+
+def _option(value: Any) -> str:
+    """A model option's value as a summary cell: its text, or "" when unset."""
+    return "" if value in (None, False) else str(value)
+
+
+def frontier_columns(rec: RunRecord, analysis: AnalysisConfig) -> dict[str, Any]:
+    """The columns the 2025-26 claims read (``lm.report.findings.frontier``): the options that make an arm (the
+    optimizer, per-sublayer placement, V-norm, hyper-connections, the attention output gate, soft-caps), the
+    train-val gap in eval mode, the attention sink, massive activations and the mixing gain at the last diagnostics
+    step, and the steps to ``analysis.target_loss``. Empty or None for records written before them."""
+    cfg, res = rec.config, rec.result
+    model, attention = cfg["model"], cfg["model"].get("attention") or {}
+    hyper = model.get("hyper_connections") or {}
+    diags = res.diagnostics
+    last = diags[-1] if diags else {}
+    gains = [e["mixing_gain"] for e in diags if e.get("mixing_gain") is not None]
+    train_eval, final = getattr(res, "train_eval", None), res.eval["final"]
+    hidden_max, hidden_median = (last.get("residual_max") or [])[1:], (last.get("residual_median") or [])[1:]
+    ratios = [m / d for m, d in zip(hidden_max, hidden_median) if m is not None and d]
+    sink = [v for v in last.get("attn_sink") or [] if v is not None]
+    target = analysis.target_loss
+    return {
+        "optimizer": (cfg["train"].get("optimizer") or {}).get("name", ""),
+        "norm_alpha": (model.get("norm") or {}).get("alpha_init"),
+        "mlp_placement": _option(model.get("mlp_placement")),
+        "v_norm": model.get("v_norm") is not None,
+        "hyper": _option(hyper.get("kind")),
+        "output_gate": _option(attention.get("output_gate")),
+        "attn_softcap": attention.get("softcap"),
+        "final_softcap": model.get("final_softcap"),
+        "train_eval_loss": train_eval,
+        "gen_gap": final - train_eval if final is not None and train_eval is not None else None,
+        "final_attn_sink": sum(sink) / len(sink) if sink else None,
+        "final_residual_max": _top(hidden_max),
+        "final_massive_ratio": max(ratios) if ratios else None,
+        "init_mixing_gain": gains[0] if gains else None,
+        "final_mixing_gain": gains[-1] if gains else None,
+        "max_mixing_gain": max(gains) if gains else None,
+        "target_loss": target,
+        "steps_to_target": steps_to_target(res.loss, target, cfg["train"].get("final_window", 30)) if target else None,
     }
 
 
@@ -337,8 +393,9 @@ def warmup_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-TEXT_COLUMNS = ("id", "arch", "placement", "norm", "schedule", "status", "outcome")
-BOOL_COLUMNS = ("qk_norm", "rezero", "depth_scaled_norm")
+TEXT_COLUMNS = ("id", "arch", "placement", "norm", "schedule", "status", "outcome", "optimizer", "mlp_placement",
+                "hyper", "output_gate")  # fmt: skip
+BOOL_COLUMNS = ("qk_norm", "rezero", "depth_scaled_norm", "v_norm")
 
 
 def read_summary(path: str | Path) -> list[dict[str, Any]]:

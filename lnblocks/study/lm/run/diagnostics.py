@@ -3,9 +3,11 @@
 Per layer and weight group (W_Q, W_K, W_V: attention in; W_O: attention out; W_1 (and W_3): MLP in; W_2: MLP out;
 ``norm``: every norm gain/bias of the block): gradient norms and update-to-weight ratios ``||dW|| / ||W||``.
 From a probe forward pass on a fixed batch: the residual-stream RMS after the embedding and after each block
-(Xiong et al. 2020, Lemma 2: flat for Post-LN, growing with depth for Pre-LN) and its max |h| (massive activations,
-Sun et al. 2024), the max attention logit and mean attention entropy per layer through the eager attention backend
-(Wortsman et al. 2023; Zhai et al. 2023), and the max output logit and mean log Z (z-loss, PaLM).
+(Xiong et al. 2020, Lemma 2: flat for Post-LN, growing with depth for Pre-LN) and its max and median |h| (massive
+activations, Sun et al. 2024, arXiv 2402.17762), the max attention logit, mean attention entropy and first-token
+attention mass (the attention sink; gated attention, arXiv 2505.06708) per layer through the eager attention backend
+(Wortsman et al. 2023; Zhai et al. 2023), the max output logit and mean log Z (z-loss, PaLM), and with
+hyper-connections the composite mixing gain (arXiv 2409.19606, 2512.24880).
 At init: Xiong et al.'s *expected gradient* (the gradient averaged over a few batches, then its Frobenius norm;
 Fig. 3), next to the mean of the per-batch norms.
 """
@@ -117,32 +119,61 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
             blk.attn.config = cfg
 
 
+@contextlib.contextmanager
+def recording_mixing(model: nn.Module) -> Iterator[list[nn.Module]]:
+    """Inside the block every hyper-connection keeps its residual mixing matrix of the latest call (``last_mixing``);
+    yields them in sublayer order (empty without hyper-connections), restored afterwards."""
+    hcs = [hc for blk in model.blocks for hc in (getattr(blk, "attn_hc", None), getattr(blk, "mlp_hc", None))
+           if hc is not None]  # fmt: skip
+    try:
+        for hc in hcs:
+            hc.record = True
+        yield hcs
+    finally:
+        for hc in hcs:
+            hc.record, hc.last_mixing = False, None
+
+
 @torch.no_grad()
 def probe(model: nn.Module, x: Tensor, attention: bool = True, autocast: Callable[[], Any] | None = None) -> dict:
-    """Forward ``x`` ``(B, T)`` in eval mode and return residual-stream norms, attention and output-logit stats."""
+    """Forward ``x`` ``(B, T)`` in eval mode and return residual-stream norms (RMS, max and median ``|h|``: massive
+    activations), attention stats (max logit, entropy, first-token mass: the attention sink), output-logit stats and,
+    with hyper-connections, the composite mixing gain (max over tokens; ``lnblocks.blocks.composite_gain``)."""
+    from lnblocks.blocks import composite_gain
+
     was_training = model.training
     model.eval()
     ctx = eager_attention(model) if attention else contextlib.nullcontext()
     try:
-        with ctx, autocast() if autocast else contextlib.nullcontext():
+        with ctx, recording_mixing(model) as hcs, autocast() if autocast else contextlib.nullcontext():
             # the LM head in chunks: max logit and per-position log Z, no (B, T, V) logits
             head, _, hidden = model(x, return_hidden=True, return_logits=False)  # LMHeadStats, None, L+1 x (B, T, C)
             stats = model.attention_stats() if attention else None
+            mixing = [hc.last_mixing.float() for hc in hcs]
     finally:
         model.train(was_training)
     h = torch.stack([t.float() for t in hidden])  # (L+1, B, T, C)
-    rows = [h.pow(2).mean(dim=(1, 2, 3)).sqrt(), h.abs().amax(dim=(1, 2, 3))]
-    scalars = torch.stack([head.max_logit, head.log_z.mean()])
+    a = h.abs().flatten(1)  # (L+1, B*T*C)
+    rows = [h.pow(2).mean(dim=(1, 2, 3)).sqrt(), a.amax(dim=1), a.median(dim=1).values]
+    scalars = [head.max_logit, head.log_z.mean()]
+    if mixing:
+        scalars.append(composite_gain(mixing).value.amax())
     out: dict[str, Any] = {}
     if stats is not None:
         rows += [torch.stack([s.max_logit.amax() for s in stats]), torch.stack([s.entropy.mean() for s in stats])]
+        rows.append(torch.stack([s.first_token_mass.mean() for s in stats]))
     host = [r.cpu() for r in rows]
     out["residual_rms"] = _round(host[0])
     out["residual_max"] = _round(host[1])
+    out["residual_median"] = _round(host[2])
     if stats is not None:
-        out["attn_max_logit"] = _round(host[2])
-        out["attn_entropy"] = _round(host[3])
-    out["max_output_logit"], out["log_z"] = _round(scalars.cpu())
+        out["attn_max_logit"] = _round(host[3])
+        out["attn_entropy"] = _round(host[4])
+        out["attn_sink"] = _round(host[5])
+    values = _round(torch.stack(scalars).cpu())
+    out["max_output_logit"], out["log_z"] = values[:2]
+    if mixing:
+        out["mixing_gain"] = values[2]
     return out
 
 

@@ -1,7 +1,9 @@
-"""The optimizer step of an ``lm`` run: the learning-rate schedule (``lr_at``), the optimizer (``build_optimizer``,
-with independent weight decay: ``decay_coefficient``), the precision of ``train.dtype`` (``Precision``: autocast and,
-for fp16, the ``GradScaler``), the forward and backward passes of one step's batch as ``train.grad_accum``
-micro-batches with the z-loss (``forward_backward``), and deterministic GPU kernels (``deterministic_kernels``).
+"""The optimizer step of an ``lm`` run: the learning-rate schedule (``lr_at``; ``set_lrs`` sets every parameter
+group's from its own peak), the optimizer (``build_optimizer``, with independent weight decay: ``decay_coefficient``;
+Muon's pair of optimizers is checkpointed as both: ``checkpointed``), the precision of ``train.dtype``
+(``Precision``: autocast and, for fp16, the ``GradScaler``), the forward and backward passes of one step's batch as
+``train.grad_accum`` micro-batches with the z-loss (``forward_backward``), and deterministic GPU kernels
+(``deterministic_kernels``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lnblocks.models.optim import OptimizerPair, build_muon
 from lnblocks.study.lm.config import TrainConfig
 from lnblocks.study.lm.run.sharding import no_grad_sync
 
@@ -41,10 +44,15 @@ def lr_at(
     raise ValueError(f"schedule must be one of ['constant', 'cosine', 'linear', 'inv_sqrt'], got {schedule!r}")
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD from ``train.optimizer``; weight decay on matrices only (nanoGPT), never on norms,
-    biases or DyT's alpha."""
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | OptimizerPair:
+    """AdamW / Adam / SGD / Muon (with AdamW for the non-matrix parameters: ``lnblocks.models.build_muon``) from
+    ``train.optimizer``; weight decay on matrices only (nanoGPT), never on norms, biases or DyT's alpha."""
     o = cfg.optimizer
+    if o.name == "muon":
+        decay = decay_coefficient(cfg)
+        return build_muon(model, lr=cfg.lr, adamw_lr=o.adamw_lr, weight_decay=decay, adamw_weight_decay=decay,
+                          momentum=o.muon_momentum, nesterov=o.nesterov, ns_steps=o.ns_steps,
+                          adjust_lr_fn=o.muon_adjust_lr, betas=(o.beta1, o.beta2), eps=o.eps)  # fmt: skip
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": decay_coefficient(cfg)}, {"params": rest, "weight_decay": 0.0}]
@@ -52,6 +60,23 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=o.momentum, foreach=True)
     cls = torch.optim.AdamW if o.name == "adamw" else torch.optim.Adam
     return cls(groups, lr=cfg.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
+
+
+def set_lrs(opt: torch.optim.Optimizer | OptimizerPair, cfg: TrainConfig, step: int) -> float:
+    """Set every parameter group's LR at 0-based ``step``: the schedule (``lr_at``) from the group's own peak,
+    ``initial_lr`` (Muon's and its AdamW's differ), or ``train.lr`` for a group without one; returns the schedule's
+    LR of ``train.lr`` (what the diagnostics record)."""
+    lr = lr_at(step, cfg.lr, cfg.warmup, cfg.steps, cfg.schedule, cfg.min_lr_ratio)
+    for group in opt.param_groups:
+        peak = group.get("initial_lr", cfg.lr)
+        group["lr"] = lr if peak == cfg.lr else lr_at(step, peak, cfg.warmup, cfg.steps, cfg.schedule, cfg.min_lr_ratio)
+    return lr
+
+
+def checkpointed(opt: torch.optim.Optimizer | OptimizerPair) -> Any:
+    """What a checkpoint saves and loads for ``opt``: the optimizer, or both optimizers of an ``OptimizerPair`` (the
+    state-dict API of ``torch.distributed.checkpoint`` takes an iterable of optimizers)."""
+    return opt.optimizers if isinstance(opt, OptimizerPair) else opt
 
 
 def decay_coefficient(cfg: TrainConfig) -> float:
@@ -94,16 +119,22 @@ class Precision:
     def backward(self, loss: Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def unscale_(self, opt: torch.optim.Optimizer) -> None:
+    def unscale_(self, opt: torch.optim.Optimizer | OptimizerPair) -> None:
         if self.scaler is not None:
-            self.scaler.unscale_(opt)
+            for o in _each(opt):
+                self.scaler.unscale_(o)
 
-    def step(self, opt: torch.optim.Optimizer) -> None:
+    def step(self, opt: torch.optim.Optimizer | OptimizerPair) -> None:
         if self.scaler is None:
             opt.step()
         else:
-            self.scaler.step(opt)
+            for o in _each(opt):  # each optimizer skips the step when its grads hold inf/NaN
+                self.scaler.step(o)
             self.scaler.update()
+
+
+def _each(opt: torch.optim.Optimizer | OptimizerPair) -> tuple[torch.optim.Optimizer, ...]:
+    return opt.optimizers if isinstance(opt, OptimizerPair) else (opt,)
 
 
 def forward_backward(

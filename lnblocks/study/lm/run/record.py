@@ -37,6 +37,7 @@ def finish(s: RunSetup) -> RunRecord:
     """The record of the run ``s`` has trained (its steps done or stopped at a divergence)."""
     loop_time = s.elapsed()  # before the final eval: what step_ms divides
     final_eval = s.eval_loss()
+    train_eval = s.train_eval_loss() if s.monitor.step is None and math.isfinite(final_eval) else None
     ablation = None
     if s.run.diagnostics.layer_ablation and s.monitor.step is None and math.isfinite(final_eval):  # every rank alike
         s.gather()
@@ -48,7 +49,7 @@ def finish(s: RunSetup) -> RunRecord:
     series = cut_at_divergence(s, final_eval)
     if s.curves is not None:
         s.curves.update(series.losses, series.records, series.eval_curve, series.grad_norms, final=True)
-    result = lm_result(s, series, final_eval, ablation)
+    result = lm_result(s, series, final_eval, ablation, train_eval)
     steps = max(len(series.losses), 1)
     return RunRecord(
         id=s.run.run_id,
@@ -87,8 +88,10 @@ def cut_at_divergence(s: RunSetup, final_eval: float) -> Series:
     return Series(losses, grad_norms, records, eval_curve, reason)
 
 
-def lm_result(s: RunSetup, series: Series, final_eval: float, ablation: dict[str, Any] | None) -> LMResult:
-    """The measurements of the run (``LMResult``): non-finite numbers as None."""
+def lm_result(
+    s: RunSetup, series: Series, final_eval: float, ablation: dict[str, Any] | None, train_eval: float | None = None
+) -> LMResult:
+    """The measurements of the run (``LMResult``): non-finite numbers as None (``train_eval`` too when diverged)."""
     diverged = s.monitor.step is not None
     window = [v for v in series.losses[-s.run.train.final_window :] if math.isfinite(v)]
     loss = [finite_or_none(v) for v in series.losses]
@@ -113,6 +116,7 @@ def lm_result(s: RunSetup, series: Series, final_eval: float, ablation: dict[str
         grad_norm=grad_norm,
         stability=stab.summary(loss, grad_norm, series.records),
         corpus=s.corpus,
+        train_eval=None if diverged or train_eval is None else finite_or_none(train_eval),
     )
 
 

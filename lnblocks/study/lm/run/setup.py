@@ -5,7 +5,8 @@ divergence monitor and the loop state, fresh or from the newest checkpoint.
 
 The order of what draws random numbers is fixed, so a run is the same whoever trains it: the init from
 ``train.seed``, then the data sampler (its own generator from the same seed), then the probe batch and the
-init-gradient batches (a generator of their own, ``PROBE_SEED_OFFSET`` past the seed).
+init-gradient batches (a generator of their own, ``PROBE_SEED_OFFSET`` past the seed); the final train-split eval
+draws its windows from one more (``TRAIN_EVAL_SEED_OFFSET``), after training.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from lnblocks.study.lm.run import diagnostics as diag
 from lnblocks.study.lm.run.curves import CurveLogger
 from lnblocks.study.lm.run.diagnostics import evaluate, finite_or_none
 from lnblocks.study.lm.run.loop_state import DivergenceMonitor, LoopState
-from lnblocks.study.lm.run.optim import Precision, build_optimizer
+from lnblocks.study.lm.run.optim import Precision, build_optimizer, checkpointed
 from lnblocks.study.lm.run.sharding import Sharded, data_parallel_degree
 
 PROBE_SEED_OFFSET = 1_000_003  # probe batch and init-gradient batches: their own stream, not the training one
+TRAIN_EVAL_SEED_OFFSET = 2_000_003  # the fixed training windows of the final train-split eval: a stream of their own
 
 
 def resolve_device(name: str, dist: DistContext) -> torch.device:
@@ -76,7 +78,7 @@ class RunSetup:
     raw: nn.Module
     model: nn.Module
     shard: Sharded | None
-    opt: torch.optim.Optimizer
+    opt: Any  # a torch optimizer, or Muon's OptimizerPair
     monitor: DivergenceMonitor
     loop: LoopState
     data_gen: torch.Generator
@@ -107,6 +109,16 @@ class RunSetup:
     def eval_loss(self) -> float:
         with self.loss_scope():
             return evaluate(self.raw, self.eval_set, self.precision.autocast, self.full_logits)
+
+    def train_eval_loss(self) -> float:
+        """The eval-mode loss on ``data.eval_batches`` fixed windows of the *training* split (drawn from a generator
+        of their own, ``TRAIN_EVAL_SEED_OFFSET`` past the seed): next to the held-out loss, the train-val gap in
+        eval mode (Derf, arXiv 2512.10938, reads a norm's gain as generalization by it). Every rank calls it."""
+        gen = torch.Generator().manual_seed(self.run.train.seed + TRAIN_EVAL_SEED_OFFSET)
+        n, batch = len(self.eval_set), self.run.data.batch_size
+        windows = [tuple(t.to(self.device) for t in self.source.batch(batch, gen)) for _ in range(n)]
+        with self.loss_scope():
+            return evaluate(self.raw, windows, self.precision.autocast, self.full_logits)
 
     def gather(self) -> None:
         """Sharded: the full weights into rank 0's copy (a collective: every rank calls it)."""
@@ -181,7 +193,7 @@ def _start_loop(s: RunSetup, start: int | None, init_grad: dict[str, Any] | None
     if start is None:
         return LoopState(eval_curve=[(0, s.eval_loss())], init_grad=init_grad)
     assert s.checkpoints is not None
-    saved = s.checkpoints.load(start, s.raw, s.opt)
+    saved = s.checkpoints.load(start, s.raw, checkpointed(s.opt))
     loop = LoopState.from_state(saved, s.monitor, s.data_gen, s.precision.scaler, s.device)
     if s.curves is not None:  # the event files start over: write what was logged before
         s.curves.update(loop.losses, loop.records, loop.eval_curve, loop.grad_norms)

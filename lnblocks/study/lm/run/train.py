@@ -41,7 +41,7 @@ from lnblocks.study.core.tracking import Tracker
 from lnblocks.study.lm.config import RunConfig
 from lnblocks.study.lm.run import diagnostics as diag
 from lnblocks.study.lm.run import stability as stab
-from lnblocks.study.lm.run.optim import deterministic_kernels, forward_backward, lr_at
+from lnblocks.study.lm.run.optim import checkpointed, deterministic_kernels, forward_backward, set_lrs
 from lnblocks.study.lm.run.record import finish
 from lnblocks.study.lm.run.setup import PROBE_SEED_OFFSET, RunSetup, set_up
 
@@ -99,9 +99,7 @@ def train_step(s: RunSetup, step: int) -> float:
     """One optimizer step at ``step`` (with the diagnostics of a logging step around it) and its LR; the loss and the
     gradient norm stay on the device (``LoopState.pending_*``) until ``read_losses``."""
     tc, gc = s.run.train, s.run.diagnostics
-    lr = lr_at(step, tc.lr, tc.warmup, tc.steps, tc.schedule, tc.min_lr_ratio)
-    for group in s.opt.param_groups:
-        group["lr"] = lr
+    lr = set_lrs(s.opt, tc, step)
     x, y = this_ranks_batch(s)
     due = gc.every > 0 and (step % gc.every == 0 or step == tc.steps - 1)  # the same on every rank
     rec = _probe(s, step, lr) if due else None  # rank 0's diagnostics entry (None elsewhere)
@@ -114,6 +112,7 @@ def train_step(s: RunSetup, step: int) -> float:
     if tc.grad_clip is not None:
         torch.nn.utils.clip_grads_with_norm_(s.raw.parameters(), tc.grad_clip, total_norm)
     s.precision.step(s.opt)
+    s.raw.normalize_weights_()  # nGPT's weights back onto the sphere after every step (a no-op for other models)
     if due:
         _updates(s, rec, before, lr)
     if s.dist.enabled:
@@ -198,7 +197,7 @@ def save_if_due(s: RunSetup) -> None:
     stop = ck.stop_requested()
     if stop or ck.due(s.loop.step):
         state = s.loop.state_dict(s.monitor, s.data_gen, s.precision.scaler, s.elapsed())
-        ck.save(s.loop.step, s.raw, s.opt, state)
+        ck.save(s.loop.step, s.raw, checkpointed(s.opt), state)
     if stop:
         raise Preempted(s.run.run_id, s.loop.step)
 
