@@ -165,6 +165,8 @@ class Tracer(Rules):
             tail = n - k - 1
             return [*items[:k], tuple(items[k : len(items) - tail]), *items[len(items) - tail :]]
         if len(items) != n:
+            if isinstance(value, Node) and self.t.rank is not None:
+                raise NeedRank  # the shape of an input of another rank: try that one
             raise Unsupported(f"`{ast.unparse(s)}` unpacks {len(items)} values into {n} names")
         return items
 
@@ -505,8 +507,9 @@ def _hashable(obj: Any) -> bool:
 
 def trace(defs: dict[str, ast.FunctionDef], world: World, with_gate: bool) -> Trace:
     """Trace ``defs["forward"]`` called as ``forward(x)`` or, with ``with_gate``, ``forward(x, gate)``; a decision on
-    the input's rank is taken for 3-D hidden states (``Trace.rank``)."""
-    for rank in (None, 3):
+    the input's rank is taken for 3-D hidden states, or 4-D per-head ones where the code unpacks four dims
+    (``Trace.rank``: the patched forward runs the class for inputs of other ranks)."""
+    for rank in (None, 3, 4):
         tracer = Tracer(defs, world, rank)
         forward = defs["forward"]
         n_args = len(forward.args.args) - 1

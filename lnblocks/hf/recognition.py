@@ -390,7 +390,7 @@ def _template_traces(name: str, params: frozenset[tuple[str, str]]) -> dict[str,
 
 
 def _match(traces: dict[str, Trace]) -> tuple[str, str] | None:
-    """``(template name, "")`` when every call form matches one template, else ``(nearest, why it differs)``."""
+    """``(template name, "")`` when every call form matches one template, else ``(nearest, where it differs)``."""
     params = frozenset((k, v) for t in traces.values() for k, v in t.guards.items() if v in ("param", "none"))
     forms = {form: canonical(t.root) for form, t in traces.items()}
     best: tuple[int, str, str] = (-1, "", "")
@@ -402,9 +402,16 @@ def _match(traces: dict[str, Trace]) -> tuple[str, str] | None:
             return name, ""
         form = next(f for f in traces if canonical(tpl[f].root) != forms[f])
         score, where = _first_difference(traces[form].root, tpl[form].root)
+        where = where or _SHARING
         if score > best[0]:
             best = (score, name, where)
     return (best[1], best[2]) if best[1] else None
+
+
+_SHARING = (
+    "the same ops, but a value computed once and used twice in one is computed twice in the other (its gradient "
+    "is summed in another dtype)"
+)
 
 
 def _first_difference(a: Any, b: Any, skip: int = 1) -> tuple[int, str]:
