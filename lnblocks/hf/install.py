@@ -124,16 +124,21 @@ def _follow_eps(module: nn.Module, norm: Norm, math: NormMath, eps: Any) -> None
 class PatchedForward(_BoundToModule):
     """The forward of a patched module: the lnblocks norm, with eps read from the module's own attribute.
 
-    With ``residual`` (a fused decoder layer's call): ``(norm(hidden_states + residual), hidden_states + residual)``.
+    With ``residual`` (a fused decoder layer's call): ``(norm(hidden_states + residual), hidden_states + residual)``;
+    with ``then_add`` (a fused post-norm): ``then_add + norm(hidden_states)``.
     """
 
     __slots__ = ()
 
-    def __call__(self, hidden_states: Tensor, residual: Tensor | None = None) -> Tensor | tuple:
+    def __call__(
+        self, hidden_states: Tensor, residual: Tensor | None = None, *, then_add: Tensor | None = None
+    ) -> Tensor | tuple:
         module = self.module()
         record = self.record
         math = record.math
         norm = record.norm if math.shape_from != "input" else record.norm_for(hidden_states)
+        if then_add is not None:
+            return self._then_add(module, norm, math, hidden_states, then_add)
         if residual is None:
             if _class_route(module, norm, math, hidden_states, hidden_states.dtype):
                 return _class_math(module, norm, math, hidden_states)
@@ -144,6 +149,15 @@ class PatchedForward(_BoundToModule):
         if eps != norm.spec.eps:
             _follow_eps(module, norm, math, eps)
         return norm.forward(hidden_states) if residual is None else norm.forward(hidden_states, residual)
+
+    def _then_add(self, module: nn.Module, norm: Norm, math: NormMath, x: Tensor, residual: Tensor) -> Tensor:
+        """``residual + module(x)``, the new residual of a post-norm layer, as one ``Norm.norm_then_add`` call."""
+        if _class_route(module, norm, math, x, x.dtype):
+            return residual + _class_math(module, norm, math, x)
+        eps = norm.spec.eps if math.eps_attr is None else getattr(module, math.eps_attr)
+        if eps != norm.spec.eps:
+            _follow_eps(module, norm, math, eps)
+        return norm.norm_then_add(x, residual)
 
 
 class PatchedGatedForward(_BoundToModule):
