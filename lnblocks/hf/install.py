@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lnblocks.hf.recognition import NormMath, probe
+from lnblocks.hf.norm_match import probe
+from lnblocks.hf.recognition import NormMath
 from lnblocks.hf.record import RECORD_KEY, PatchRecord
 from lnblocks.norms import Norm, build_norm
 

@@ -9,15 +9,8 @@ name); it returns the ``Trace``. The attributes a branch or lookup read are reco
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
 import types
-from dataclasses import dataclass
 from typing import Any, Protocol
-
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from lnblocks.hf.norm_graph import (
     GATE,
@@ -34,24 +27,21 @@ from lnblocks.hf.norm_graph import (
     leaf,
     shaped_like_input,
 )
-
-_EPS_ATTRS = ("variance_epsilon", "eps")
-_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
-_CALLABLES: dict[Any, str] = {
-    torch.rsqrt: "rsqrt",
-    torch.pow: "pow",
-    torch.square: "square",
-    torch.mean: "mean",
-    torch.sum: "sum",
-    torch.sigmoid: "act:sigmoid",
-    F.silu: "act:silu",
-    F.sigmoid: "act:sigmoid",
-    F.layer_norm: "layer_norm",
-    torch.sqrt: "sqrt",
-    torch.var: "var",
-}
-_ACT_MODULES = {nn.SiLU: "silu", nn.Sigmoid: "sigmoid"}
-_BINOPS = {ast.Mult: "mul", ast.Add: "add", ast.Sub: "sub", ast.Div: "div", ast.Pow: "pow", ast.FloorDiv: "floordiv"}
+from lnblocks.hf.norm_names import (
+    BINOPS,
+    CALLABLES,
+    DTYPES,
+    EPS_ATTRS,
+    SELF,
+    Activation,
+    Bound,
+    Global,
+    Method,
+    Opaque,
+    SelfRef,
+    activation_name,
+    hashable,
+)
 
 
 class World(Protocol):
@@ -96,7 +86,7 @@ class Tracer(Rules):
         if fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or len(args) > len(params):
             raise Unsupported(f"self.{name}() takes *args, **kwargs or keyword-only arguments")
         defaults = fn.args.defaults
-        bound = {"self": _SELF, **dict(zip(params, args))}
+        bound = {"self": SELF, **dict(zip(params, args))}
         for i, p in enumerate(params[len(args) :], start=len(args)):
             j = i - (len(params) - len(defaults))
             if j < 0:
@@ -238,7 +228,7 @@ class Tracer(Rules):
         if isinstance(e, ast.Name):
             if e.id in scope.names:
                 return scope.names[e.id]
-            return _Global(self.world.resolve(e.id), e.id)
+            return Global(self.world.resolve(e.id), e.id)
         if isinstance(e, (ast.Tuple, ast.List)):
             return tuple(self.expr(x, scope) for x in e.elts)
         if isinstance(e, ast.Attribute):
@@ -246,7 +236,7 @@ class Tracer(Rules):
         if isinstance(e, ast.Call):
             return self.call(e, scope, src)
         if isinstance(e, ast.BinOp):
-            name = _BINOPS.get(type(e.op))
+            name = BINOPS.get(type(e.op))
             if name is None:
                 raise Unsupported(f"`{src}` uses an operator it does not follow")
             return self.binop(name, self.expr(e.left, scope), self.expr(e.right, scope), src)
@@ -267,10 +257,10 @@ class Tracer(Rules):
         raise Unsupported(f"`{src}` ({type(e).__name__}) is no expression it follows")
 
     def attribute(self, base: Any, name: str, src: str) -> Any:
-        if isinstance(base, _Self):
+        if isinstance(base, SelfRef):
             return self.self_attribute(name, src)
-        if isinstance(base, _Global):
-            return _Global(getattr(base.obj, name, None), f"{base.src}.{name}")
+        if isinstance(base, Global):
+            return Global(getattr(base.obj, name, None), f"{base.src}.{name}")
         if isinstance(base, Node) and base.tensor:
             if name == "dtype":
                 return self.dtype_node(base)
@@ -282,17 +272,17 @@ class Tracer(Rules):
                 return self.rank()
             if name == "device":
                 return Node("device", tensor=False, src=src)
-            return _Method(base, name)
+            return Method(base, name)
         if isinstance(base, Node) and base.op == "device" and name == "type":
             return Node("device_type", tensor=False, src=src)
         raise Unsupported(f"`{src}` reads an attribute it does not follow")
 
     def self_attribute(self, name: str, src: str) -> Any:
-        if name in _EPS_ATTRS:
+        if name in EPS_ATTRS:
             self.t.eps_attrs.add(name)
             return leaf("eps", tensor=False, src=src)
         if name in self.defs:
-            return _Bound(name)
+            return Bound(name)
         kind = self.world.kind(name)
         if kind == "value":
             return Node(f"attr:{name}", tensor=False, src=src)  # its value is read (and guarded) where needed
@@ -317,7 +307,7 @@ class Tracer(Rules):
             return Node("dtype:x", tensor=False)  # the gate has the input's dtype in every gated class
         if d == "param":
             return Node("dtype:param", tensor=False)
-        if d in _DTYPES.values():
+        if d in DTYPES.values():
             return Node(f"dtype:{d}", tensor=False)
         raise Unsupported("it reads the dtype of a value whose dtype the source does not fix")
 
@@ -327,15 +317,15 @@ class Tracer(Rules):
         return self.t.rank
 
     def subscript(self, base: Any, index: ast.expr, scope: _Scope, src: str) -> Any:
-        if isinstance(base, _Global) and isinstance(base.obj, dict) and base.src == "ACT2FN":
+        if isinstance(base, Global) and isinstance(base.obj, dict) and base.src == "ACT2FN":
             key = self.value_of(self.expr(index, scope))
             try:
-                act = _activation_name(base.obj[key]) if isinstance(key, str) else None
+                act = activation_name(base.obj[key]) if isinstance(key, str) else None
             except (KeyError, TypeError):
                 act = None
             if act is None:
                 raise Unsupported(f"`{src}` is the activation {key!r}, not silu or sigmoid")
-            return _Activation(act)
+            return Activation(act)
         if isinstance(base, Node) and base.op == "shape":
             if isinstance(index, ast.Slice) and index.lower is None and index.step is None:
                 stop = self.expr(index.upper, scope) if index.upper is not None else None
@@ -363,28 +353,28 @@ class Tracer(Rules):
         kwargs = {k.arg: self.expr(k.value, scope) for k in e.keywords if k.arg is not None}
         if len(kwargs) != len(e.keywords):
             raise Unsupported(f"`{src}` passes **kwargs")
-        if isinstance(func, _Bound):
+        if isinstance(func, Bound):
             if kwargs:
                 raise Unsupported(f"`{src}` calls a helper with keyword arguments")
             return self.call_def(func.name, args)
-        if isinstance(func, _Activation):
+        if isinstance(func, Activation):
             return self.activation(func.name, args, src)
-        if isinstance(func, _Method):
+        if isinstance(func, Method):
             return self.method(func.obj, func.name, args, kwargs, src)
-        if isinstance(func, _Global):
+        if isinstance(func, Global):
             return self.function(func, args, kwargs, src)
         raise Unsupported(f"`{src}` calls something it does not follow")
 
-    def function(self, fn: _Global, args: list[Any], kwargs: dict[str, Any], src: str) -> Any:
+    def function(self, fn: Global, args: list[Any], kwargs: dict[str, Any], src: str) -> Any:
         obj = fn.obj
         if obj is len and len(args) == 1 and isinstance(args[0], Node) and args[0].op == "shape":
             return self.rank()
         if obj is int and len(args) == 1:
             return args[0] if isinstance(args[0], Node) else int(args[0])
-        name = _CALLABLES.get(obj) if _hashable(obj) else None
+        name = CALLABLES.get(obj) if hashable(obj) else None
         if name is None:
-            if isinstance(obj, (types.FunctionType, _Opaque)):
-                qual = obj.name if isinstance(obj, _Opaque) else f"{obj.__module__}.{obj.__qualname__}"
+            if isinstance(obj, (types.FunctionType, Opaque)):
+                qual = obj.name if isinstance(obj, Opaque) else f"{obj.__module__}.{obj.__qualname__}"
                 items = tuple(args) + tuple(sorted(kwargs.items()))
                 return Node(f"fn:{qual}", items, tensor=True, src=src)
             raise Unsupported(f"`{src}` calls {fn.src}, a function it does not know")
@@ -425,84 +415,11 @@ class Tracer(Rules):
         raise Unsupported(f"`{src}` calls the tensor method .{name}(), which it does not follow")
 
     def as_dtype(self, value: Any, src: str) -> Node:
-        if isinstance(value, _Global) and value.obj in _DTYPES:
-            return Node(f"dtype:{_DTYPES[value.obj]}", tensor=False)
+        if isinstance(value, Global) and value.obj in DTYPES:
+            return Node(f"dtype:{DTYPES[value.obj]}", tensor=False)
         if isinstance(value, Node) and value.op.startswith("dtype:"):
             return value
         raise Unsupported(f"`{src}` casts to something that is no dtype")
-
-
-class _Self:
-    pass
-
-
-_SELF = _Self()
-
-
-@dataclass
-class _Global:
-    obj: Any
-    src: str
-
-
-@dataclass
-class _Opaque:
-    """A helper function named by its qualified name (the templates name transformers' helpers this way)."""
-
-    name: str
-
-
-@dataclass
-class _Method:
-    obj: Node
-    name: str
-
-
-@dataclass
-class _Bound:
-    name: str
-
-
-@dataclass
-class _Activation:
-    name: str
-
-
-def _activation_name(module: Any) -> str | None:
-    """``silu``/``sigmoid`` for an activation module computing exactly that: ``nn.SiLU``, ``nn.Sigmoid``, or a class
-    whose own forward is ``return F.silu(input)`` (transformers' ``SiLUActivation``); else None."""
-    name = _ACT_MODULES.get(type(module))
-    if name is not None or not isinstance(module, nn.Module) or "forward" in module.__dict__:
-        return name
-    fn = type(module).forward
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    body = [s for s in tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if not (isinstance(tree, ast.FunctionDef) and len(body) == 1 and isinstance(body[0], ast.Return)):
-        return None
-    call, arg = body[0].value, tree.args.args[1].arg if len(tree.args.args) == 2 else None
-    if not (isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords):
-        return None
-    if not (isinstance(call.args[0], ast.Name) and call.args[0].id == arg):
-        return None
-    if not all(isinstance(n, (ast.Name, ast.Attribute, ast.Load)) for n in ast.walk(call.func)):
-        return None
-    try:  # a dotted name (``nn.functional.silu``) in the module's globals
-        target = eval(compile(ast.Expression(call.func), "<activation>", "eval"), dict(fn.__globals__))
-    except Exception:
-        return None
-    op = _CALLABLES.get(target) if _hashable(target) else None
-    return op[len("act:") :] if op is not None and op.startswith("act:") else None
-
-
-def _hashable(obj: Any) -> bool:
-    try:
-        hash(obj)
-    except TypeError:
-        return False
-    return True
 
 
 def trace(defs: dict[str, ast.FunctionDef], world: World, with_gate: bool) -> Trace:
@@ -522,8 +439,3 @@ def trace(defs: dict[str, ast.FunctionDef], world: World, with_gate: bool) -> Tr
             continue
         return finish(tracer.t)
     raise Unsupported("it depends on the input's rank in a way it does not follow")
-
-
-def opaque(name: str) -> _Opaque:
-    """A helper function of the traced code, named by its qualified name (a template's stand-in for it)."""
-    return _Opaque(name)
