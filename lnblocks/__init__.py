@@ -1,6 +1,7 @@
 """lnblocks: normalization for Transformers.
 
-Exact LayerNorm/RMSNorm variants (``LayerNorm``, ``RMSNorm``, ``build_norm``), fused Triton kernels
+Exact LayerNorm/RMSNorm variants (``LayerNorm``, ``RMSNorm``, ``build_norm``), the norms of the 2025-26 families
+(``GatedRMSNorm``, ``L2Norm``, ``Derf``), fused Triton kernels
 (``lnblocks.kernels``), residual blocks and GPT models, HuggingFace norm patching (``lnblocks.hf``), Pre/Post-LN
 stability studies (``lnblocks.study``) and CNN norms (``lnblocks.cnn``).
 
@@ -14,8 +15,14 @@ from typing import Any
 
 from lnblocks.norms import (
     NORM_PRESETS,
+    Derf,
+    DerfSpec,
     DyT,
     DyTSpec,
+    GatedRMSNorm,
+    GatedRMSNormSpec,
+    L2Norm,
+    L2NormSpec,
     LayerNorm,
     LayerNormSpec,
     NoNorm,
@@ -50,8 +57,14 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "NORM_PRESETS",
+    "Derf",
+    "DerfSpec",
     "DyT",
     "DyTSpec",
+    "GatedRMSNorm",
+    "GatedRMSNormSpec",
+    "L2Norm",
+    "L2NormSpec",
     "LayerNorm",
     "LayerNormSpec",
     "NoNorm",

@@ -11,9 +11,13 @@ by batch x sequence.
 2. Norm modules: ``norm(x + r)`` against ``norm(x, residual=r)`` (the fused-residual call), for torch.nn.LayerNorm /
    HF LlamaRMSNorm and lnblocks' torch and Triton backends (the Triton kernels run in Triton's interpreter on CPU:
    what a kernel saves is decided by its autograd function, not by the device).
+3. ``memory_efficient`` (``GPTConfig(memory_efficient=True)``: the norms' backward saves their output, not their
+   input): the Pre-LN model of each family on the Triton backend with and without it, and the bytes per token per
+   layer it saves, against the rule (``N x itemsize`` per norm, plus LayerNorm's fp32 mean per row).
 
     python benchmarks/models/bench_memory.py            # GPT-2-small width (768, 12 heads), T=128, batch 2
     python benchmarks/models/bench_memory.py --quick    # width 128 (CI-sized)
+    python benchmarks/models/bench_memory.py --only memory_efficient
 """
 
 from __future__ import annotations
@@ -98,13 +102,16 @@ def per_token_per_layer(build: Callable[[int], nn.Module], hf: bool, args: argpa
     return (counts[1] - counts[0]) / (args.layers * args.batch * args.seq)
 
 
-def lnblocks_build(family: str, placement: str, args: argparse.Namespace, dtype: torch.dtype, backend: str):
+def lnblocks_build(
+    family: str, placement: str, args: argparse.Namespace, dtype: torch.dtype, backend: str, memory_efficient=None
+):
     base = GPT.from_hf(hf_model(family, 1, args, dtype)).config
 
     def build(n_layers: int) -> nn.Module:
         block = base.layers[0]
         block = block.replace(placement=placement, norm=block.norm.replace(backend=backend))
         cfg = base.replace(n_layers=n_layers, block=block, init="deepnet" if placement == "deepnorm" else "gpt2")
+        cfg = cfg.replace(memory_efficient=memory_efficient)
         torch.manual_seed(0)
         return GPT(cfg).to(dtype).train()
 
@@ -137,6 +144,30 @@ def model_table(args: argparse.Namespace) -> list[str]:
             else:
                 cells.append(f"{value:,.0f} ({value / hf_values[(f, d)]:.2f}x)")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def memory_efficient_table(args: argparse.Namespace) -> list[str]:
+    """Pre-LN, Triton backend: saved bytes per token per layer without and with ``memory_efficient``, and the rule:
+    two norms a layer, each saving its output (kept by the next Linear anyway) instead of its input, so each frees
+    its input (``N x itemsize`` per token) and LayerNorm also its fp32 mean (4 bytes per token)."""
+    lines = [
+        "| model | dtype | default | memory_efficient | saved per token per layer | rule | MiB a layer, 4096 tokens |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for family in ("gpt2", "llama"):
+        for name, dtype in DTYPES.items():
+            default, lean = (
+                per_token_per_layer(lnblocks_build(family, "pre", args, dtype, "triton", me), False, args)
+                for me in (None, True)
+            )
+            item = torch.finfo(dtype).bits // 8
+            rule = 2 * (args.dim * item + (4 if family == "gpt2" else 0))
+            mib = (default - lean) * 4096 / 2**20
+            label = "GPT-2 (LayerNorm)" if family == "gpt2" else "Llama (RMSNorm)"
+            lines.append(
+                f"| {label} | {name} | {default:,.0f} | {lean:,.0f} | {default - lean:,.0f} | {rule:,} | {mib:.2f} |"
+            )
     return lines
 
 
@@ -185,16 +216,24 @@ def main() -> None:
     parser.add_argument("--norm-rows", type=int, default=1024)
     parser.add_argument("--backends", nargs="+", default=["torch"], choices=["torch", "triton"])
     parser.add_argument("--quick", action="store_true", help="width 96, 6 heads, T=32 (a smoke run)")
+    parser.add_argument("--only", nargs="+", default=["models", "norms", "memory_efficient"],
+                        choices=["models", "norms", "memory_efficient"], help="which tables to print")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.dim, args.heads, args.seq, args.norm_rows = 96, 6, 32, 64
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    print(f"Saved for backward, bytes per token per layer (width {args.dim}, {args.heads} heads, T={args.seq}, "
-          f"batch {args.batch}; in brackets: / HF of the same shape and dtype)\n")  # fmt: skip
-    print("\n".join(model_table(args)))
-    print(f"\nNorm call alone, bytes per row of width {args.dim} ({args.norm_rows} rows; y and the new residual both "
-          "used downstream)\n")  # fmt: skip
-    print("\n".join(norm_table(args)))
+    if "models" in args.only:
+        print(f"Saved for backward, bytes per token per layer (width {args.dim}, {args.heads} heads, T={args.seq}, "
+              f"batch {args.batch}; in brackets: / HF of the same shape and dtype)\n")  # fmt: skip
+        print("\n".join(model_table(args)))
+    if "norms" in args.only:
+        print(f"\nNorm call alone, bytes per row of width {args.dim} ({args.norm_rows} rows; y and the new residual "
+              "both used downstream)\n")  # fmt: skip
+        print("\n".join(norm_table(args)))
+    if "memory_efficient" in args.only:
+        print(f"\nmemory_efficient=True, Pre-LN, Triton backend: saved bytes per token per layer (width {args.dim}, "
+              f"T={args.seq}, batch {args.batch})\n")  # fmt: skip
+        print("\n".join(memory_efficient_table(args)))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@ placement with ``hyper_connections`` (``n`` streams ``(B, T, n, C)``, mixed arou
 Fused residual path: between blocks the stream travels as ``Stream(hidden, residual)`` whose value is
 ``hidden + residual``: the last add of a block is left pending, and the next input norm (or post norm, or the
 model's final norm) performs it with ``norm(hidden, residual=residual)``, which the norms run as one fused add+norm
-kernel on GPU. Because ``a + b == b + a`` exactly in IEEE arithmetic, the fused path returns the same bits as the
-plain formulas above. Calling a block on a plain tensor returns the plain tensor stream.
+kernel on GPU. A sublayer with an output norm (``sandwich``, ``reordered``) does its add at once instead,
+``x + norm_out(b)`` as one ``norm_then_add`` call (one kernel reading b and x, writing the sum), where nothing stands
+between the norm and the add (a ReZero gate, active dropout) and the add is the plain one the pending path would do.
+Because ``a + b == b + a`` exactly in IEEE arithmetic, both paths return the same bits as the plain formulas above.
+Calling a block on a plain tensor returns the plain tensor stream.
 
 ::
 
@@ -185,6 +188,8 @@ class Block(nn.Module):
     def _leave(
         self, b: Tensor, x: Tensor, dual: Tensor | None, out_norm: Norm | None, post_norm: Norm | None, gate, p
     ) -> Stream:
+        if out_norm is not None and self._adds_after_norm(b, x, out_norm, gate, post_norm, p):
+            return Stream(out_norm.norm_then_add(b, x), None, dual)  # x + norm_out(b): one call, one kernel on GPU
         b = self._branch(b, out_norm, gate)
         if p.dual:
             dual = dual + b
@@ -192,6 +197,20 @@ class Block(nn.Module):
             y, _ = post_norm(b, residual=x if self.alpha == 1.0 else x * self.alpha)  # norm(alpha * x + b), fused
             return Stream(y, None, dual)
         return Stream(b, x, dual)  # x + b left pending for the next norm
+
+    def _adds_after_norm(self, b: Tensor, x: Tensor, out_norm: Norm, gate, post_norm: Norm | None, p) -> bool:
+        """Whether ``x + out_norm(b)`` may be done now by ``norm_then_add`` with the same bits as the pending add it
+        replaces: no gate or dropout between the norm and the add, no dual stream or post norm, and a plain add
+        (the stream and the branch in one dtype, no fp32 residual stream: every consumer of the pending add, the
+        next input norm's fused add, ``(h + r).to(h.dtype)`` or the final norm, then computes the same sum)."""
+        return (
+            gate is None
+            and (self.drop.p == 0.0 or not self.training)
+            and post_norm is None
+            and not p.dual
+            and not out_norm.spec.residual_in_fp32
+            and b.dtype == x.dtype
+        )
 
     def _branch(self, b: Tensor, out_norm: Norm | None, gate: Tensor | None) -> Tensor:
         """A sublayer's output as it is added: output norm, ReZero gate, dropout."""

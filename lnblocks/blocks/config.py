@@ -21,6 +21,7 @@ from lnblocks.config import (
     check_float,
     check_int,
     check_prob,
+    under_key,
 )
 from lnblocks.norms import NormSpec
 
@@ -156,9 +157,13 @@ class BlockConfig(AddedFields, Config):
     "normed_residual"`` (``lnblocks.models.hybridnorm``). ``hyper_connections``: None, or a
     ``HyperConnectionsConfig`` (``n_streams`` residual streams, ``kind`` static / dynamic / mhc) replacing the
     residual adds of a placement without a post norm (``lnblocks.blocks.hyper``).
+    ``memory_efficient``: None (as ``norm`` says), or True: the block's norms (``norm``, and ``mlp_norm=True``) save
+    their output for the backward instead of their input (the fused kernels' ``memory_efficient``, Apex's option;
+    ``docs/norms.md``): the input of a pre-norm, the residual stream, is then freed, one activation per norm. For
+    norm kinds that have it (layernorm, rmsnorm, l2norm) on the fused backend ("auto" or "triton").
     """
 
-    ADDED: ClassVar[tuple[str, ...]] = ("v_norm", "mlp_placement", "hyper_connections")
+    ADDED: ClassVar[tuple[str, ...]] = ("v_norm", "mlp_placement", "hyper_connections", "memory_efficient")
 
     dim: int = 64
     placement: str = "pre"
@@ -175,12 +180,14 @@ class BlockConfig(AddedFields, Config):
     v_norm: NormSpec | str | dict | None = None
     mlp_placement: str | None = None
     hyper_connections: HyperConnectionsConfig | dict | None = None
+    memory_efficient: bool | None = None
 
     def __post_init__(self) -> None:
         self._set("dim", check_int("dim", self.dim))
         check_choice("placement", self.placement, PLACEMENTS)
         check_choice("mlp_placement", self.mlp_placement, PLACEMENTS, allow_none=True)
         self._set("norm", NormSpec.from_dict(self.norm, key="norm"))
+        self._apply_memory_efficient()
         self._nested("attention", AttentionConfig)
         self._nested("mlp", MLPConfig)
         self._nested("hyper_connections", HyperConnectionsConfig, allow_none=True)
@@ -199,6 +206,23 @@ class BlockConfig(AddedFields, Config):
             "deepnorm_alpha", check_float("deepnorm_alpha", self.deepnorm_alpha, lo=0, lo_open=True, allow_none=True)
         )
         self._check_combinations()
+
+    def _apply_memory_efficient(self) -> None:
+        """``memory_efficient=True`` sets the norm spec's option (refused, naming why, where the kind lacks it or the
+        backend is torch); False contradicts a norm that has it on."""
+        check_bool("memory_efficient", self.memory_efficient, allow_none=True)
+        has = "memory_efficient" in self.norm.field_names()
+        if self.memory_efficient and not has:
+            raise ConfigValueError(
+                "memory_efficient",
+                f"is True, but norm kind {self.norm.kind!r} has no memory-efficient backward (layernorm, rmsnorm and "
+                "l2norm have)",
+            )
+        if self.memory_efficient:
+            with under_key("norm"):
+                self._set("norm", self.norm.replace(memory_efficient=True))
+        elif self.memory_efficient is False and has and self.norm.memory_efficient:
+            raise ConfigValueError("memory_efficient", "is False while norm.memory_efficient is True: set one of them")
 
     def _check_combinations(self) -> None:
         p, pm = PLACEMENTS[self.placement], PLACEMENTS[self.mlp_placement or self.placement]

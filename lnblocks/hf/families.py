@@ -22,6 +22,7 @@ ROLES: dict[str, str] = {
     "pre_mlp": "normalises the MLP input (Pre-LN; Llama's post_attention_layernorm)",
     "pre_cross_attn": "normalises the cross-attention input (T5 decoder, GPT-2 with cross-attention)",
     "pre_parallel": "one norm feeding parallel attention and MLP (Falcon-7B)",
+    "pre_mixer": "normalises a hybrid layer's mixer input, whichever mixer the layer has (Mamba2, NemotronH)",
     "post_attn": "normalises the attention output before the residual add (Gemma2/3 sandwich, OLMo2)",
     "post_mlp": "normalises the MLP output before the residual add (Gemma2/3 sandwich, OLMo2)",
     "post_ln_attn": "Post-LN: norm(x + attn(x)) after the residual add (BERT, RoBERTa, OPT-350m)",
@@ -29,6 +30,9 @@ ROLES: dict[str, str] = {
     "post_ln_mlp": "Post-LN: norm(x + mlp(x)) after the residual add (BERT, RoBERTa, OPT-350m)",
     "q_norm": "QK-norm on the queries (Qwen3, Gemma3 per head; OLMo2 over all heads)",
     "k_norm": "QK-norm on the keys",
+    "qk_norm": "one QK-norm module applied to queries and keys (Llama 4's parameter-free L2 norm)",
+    "gated": "the gated norm inside an SSM / linear-attention mixer, norm(y, gate) (Mamba2 and its copies, Qwen3-Next)",
+    "mixer_inner": "a norm on a mixer's inner projections (Jamba's dt, B and C norms)",
     "embedding": "normalises the embeddings (BERT, RoBERTa)",
     "final": "final norm of a stack, before the head or the encoder output",
     "head": "inside a task head (BERT MLM transform, RoBERTa LM head)",
@@ -45,6 +49,42 @@ def _llama(config: Any) -> Rules:
         ("layers.*.post_attention_layernorm", "pre_mlp"),
         ("layers.*.self_attn.q_norm", "q_norm"),
         ("layers.*.self_attn.k_norm", "k_norm"),
+        ("layers.*.self_attn.qk_norm", "qk_norm"),  # Llama 4: one L2 norm for q and k
+        ("norm", "final"),
+    )
+
+
+def _parallel(config: Any) -> Rules:
+    # Cohere: `residual + attn(norm(x)) + mlp(norm(x))`, one input_layernorm feeding both branches
+    return (
+        ("layers.*.input_layernorm", "pre_parallel"),
+        ("layers.*.self_attn.q_norm", "q_norm"),
+        ("layers.*.self_attn.k_norm", "k_norm"),
+        ("norm", "final"),
+    )
+
+
+def _hybrid(config: Any) -> Rules:
+    # SSM / linear-attention hybrids: a layer's token mixer is attention, Mamba or gated DeltaNet, each with its norm
+    return (
+        ("layers.*.input_layernorm", "pre_attn"),  # the token mixer's input, whichever mixer it is
+        ("layers.*.mamba_decoder.input_layernorm", "pre_attn"),  # Zamba2's hybrid layers
+        ("layers.*.shared_transformer.input_layernorm", "pre_attn"),
+        ("layers.*.pre_ff_layernorm", "pre_mlp"),  # Bamba, Jamba, FalconH1
+        ("layers.*.shared_transformer.pre_ff_layernorm", "pre_mlp"),
+        ("layers.*.post_attention_layernorm", "pre_mlp"),  # GraniteMoeHybrid, Qwen3-Next
+        ("layers.*.norm", "pre_mixer"),  # Mamba2, NemotronH: one norm per layer
+        ("layers.*.mixer.norm", "gated"),
+        ("layers.*.mamba.norm", "gated"),
+        ("layers.*.mamba_decoder.mamba.norm", "gated"),
+        ("layers.*.linear_attn.norm", "gated"),
+        ("layers.*.mamba.dt_layernorm", "mixer_inner"),
+        ("layers.*.mamba.b_layernorm", "mixer_inner"),
+        ("layers.*.mamba.c_layernorm", "mixer_inner"),
+        ("layers.*.self_attn.q_norm", "q_norm"),
+        ("layers.*.self_attn.k_norm", "k_norm"),
+        ("norm_f", "final"),
+        ("final_layernorm", "final"),
         ("norm", "final"),
     )
 
@@ -135,6 +175,8 @@ def _falcon(config: Any) -> Rules:
 # role layout name (``ModelFamily.roles`` in the family table) -> its rules
 LAYOUTS: dict[str, Callable[[Any], Rules]] = {
     "llama": _llama,
+    "parallel": _parallel,
+    "hybrid": _hybrid,
     "sandwich": _sandwich,
     "olmo2": _olmo2,
     "gpt2": _gpt2,

@@ -68,6 +68,7 @@ def patch_transformers(
     *,
     fuse_residual: bool = False,
     chunked_loss: bool = False,
+    memory_efficient: bool = False,
 ) -> TransformersPatch:
     """Patch the norms of every ``transformers`` model constructed after this call (see ``patch_norms``).
 
@@ -76,6 +77,7 @@ def patch_transformers(
     again replaces the options; the hook is installed once. Reversed by ``unpatch_transformers()`` or by leaving the
     ``with`` block. ``chunked_loss=True``: every causal LM built whose loss can run through the chunked LM head
     does (``lnblocks.hf.chunked_loss``); the others, sub-models included, keep their loss (logged at INFO).
+    ``memory_efficient=True``: as in ``patch_norms`` (needs backend "auto" or "triton").
     """
     options = PatchOptions(
         backend,
@@ -86,6 +88,7 @@ def patch_transformers(
         on_unfusable="log",
         chunked_loss=chunked_loss,
         on_unchunkable="log",
+        memory_efficient=memory_efficient,
     )
     pretrained = require("transformers").PreTrainedModel
     if not getattr(pretrained.post_init, "_lnblocks_hook", False):

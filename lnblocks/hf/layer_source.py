@@ -3,9 +3,15 @@
 ``read_forward(cls)`` parses the source of ``cls.forward`` and checks it against the code the class runs: compiled
 again unchanged it must give the same bytecode, and every wrapper above it must be transformers' gradient-checkpointing
 wrapper; a forward that fails (another transformers version, a closure, an unknown decorator) comes back with the
-reason. ``LayerSource.compile(names, helper)`` rewrites the sites of the norms ``names`` (the three statements
-``x = a + b; r = x; x = self.<name>(x)``, matched as syntax trees) into one ``x, r = helper(self.<name>, a, b)`` and
-changes nothing else (compiled with the module's globals, line numbers and ``__future__`` flags).
+reason. Two kinds of site are matched as syntax trees:
+
+- add, then norm (a pre-norm): ``x = a + b; r = x; x = self.<name>(x)`` becomes ``x, r = add_norm(self.<name>, a,
+  b)``;
+- norm, then add (a post-norm: OLMo 2's layers, Gemma 2/3's post-feedforward norm): ``x = self.<name>(x); x = r + x``
+  (or ``x + r``) becomes ``x = norm_add(self.<name>, x, r, norm_first)``, where the add is no add-then-norm site.
+
+``LayerSource.compile(names, add_norm, norm_add)`` rewrites the sites of the norms ``names`` and changes nothing else
+(compiled with the module's globals, line numbers and ``__future__`` flags).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 HELPER = "__lnblocks_add_norm__"  # the name the rewritten forward calls the add + norm helper by
-_FACTORY = f"def __lnblocks_factory__({HELPER}):\n    pass\n"
+THEN_ADD = "__lnblocks_norm_add__"  # ... and the norm + add helper
+_FACTORY = f"def __lnblocks_factory__({HELPER}, {THEN_ADD}):\n    pass\n"
 
 
 def _target(stmt: ast.stmt) -> str | None:
@@ -38,8 +45,12 @@ def _site(a: ast.stmt, b: ast.stmt, c: ast.stmt) -> str | None:
     r = _target(b)
     if r is None or r == x or not (isinstance(b.value, ast.Name) and b.value.id == x) or _target(c) != x:
         return None
-    call = c.value
-    if not (
+    return _self_call(c.value, x)
+
+
+def _self_call(call: ast.expr, x: str) -> str | None:
+    """``self.<name>(x)`` (one positional argument, the name ``x``) -> ``name``, else None."""
+    if (
         isinstance(call, ast.Call)
         and isinstance(call.func, ast.Attribute)
         and isinstance(call.func.value, ast.Name)
@@ -49,36 +60,79 @@ def _site(a: ast.stmt, b: ast.stmt, c: ast.stmt) -> str | None:
         and call.args[0].id == x
         and not call.keywords
     ):
+        return call.func.attr
+    return None
+
+
+def _then_add_site(a: ast.stmt, b: ast.stmt) -> tuple[str, ast.expr, bool] | None:
+    """``x = self.<name>(x); x = r + x`` (or ``x + r``, ``r`` a name other than ``x``) -> ``(name, r, norm_first)``."""
+    x = _target(a)
+    if x is None or _target(b) != x:
         return None
-    return call.func.attr
+    name = _self_call(a.value, x)
+    add = b.value
+    if name is None or not (isinstance(add, ast.BinOp) and isinstance(add.op, ast.Add)):
+        return None
+    for normed, other, norm_first in ((add.right, add.left, False), (add.left, add.right, True)):
+        if isinstance(normed, ast.Name) and normed.id == x and isinstance(other, ast.Name) and other.id != x:
+            return name, other, norm_first
+    return None
 
 
-def _sites(fn: ast.FunctionDef) -> list[tuple[list[ast.stmt], int, str]]:
-    """Every add-then-module site in ``fn`` (any nesting): ``(statement list, index of the add, module name)``."""
-    found = []
+def _bodies(fn: ast.FunctionDef) -> Iterable[list[ast.stmt]]:
     for node in ast.walk(fn):
         for field in ("body", "orelse", "finalbody"):
             body = getattr(node, field, None)
             if isinstance(body, list):
-                found += [(body, i, n) for i in range(len(body) - 2) if (n := _site(*body[i : i + 3]))]
+                yield body
+
+
+def _sites(fn: ast.FunctionDef) -> list[tuple[list[ast.stmt], int, str, str]]:
+    """Every fusable site in ``fn`` (any nesting): ``(statement list, index of its first statement, module name,
+    kind)``, kind ``"add_norm"`` (three statements) or ``"norm_add"`` (two); sites may share an add (``chosen``
+    picks)."""
+    found = []
+    for body in _bodies(fn):
+        for i in range(len(body) - 1):
+            if i < len(body) - 2 and (name := _site(*body[i : i + 3])):
+                found.append((body, i, name, "add_norm"))
+            if (post := _then_add_site(body[i], body[i + 1])) is not None:
+                found.append((body, i, post[0], "norm_add"))
     return found
 
 
-def _fuse_sites(fn: ast.FunctionDef, names: Iterable[str]) -> ast.FunctionDef:
-    """A copy of ``fn`` with the sites of ``names`` rewritten to one ``__lnblocks_add_norm__`` call each."""
-    fn = copy.deepcopy(fn)
+def _chosen(sites: list[tuple[list[ast.stmt], int, str, str]], names: Iterable[str]) -> list[tuple]:
+    """The sites of ``names`` to rewrite: every add-then-norm one, then each norm-then-add one whose add is not
+    taken already (Gemma's post-attention norm: its add is the pre-feedforward norm's add-then-norm)."""
     wanted = set(names)
-    for body, i, name in reversed(_sites(fn)):  # from the end: earlier indices stay valid
-        if name not in wanted:
-            continue
-        add, keep = body[i], body[i + 1]
-        call = ast.Call(
-            func=ast.Name(HELPER, ast.Load()),
-            args=[ast.Attribute(ast.Name("self", ast.Load()), name, ast.Load()), add.value.left, add.value.right],
-            keywords=[],
-        )
-        pair = ast.Tuple([ast.Name(_target(add), ast.Store()), ast.Name(_target(keep), ast.Store())], ast.Store())
-        body[i : i + 3] = [ast.copy_location(ast.Assign(targets=[pair], value=call), add)]
+    out, taken = [], set()
+    for kind in ("add_norm", "norm_add"):
+        for body, i, name, k in sites:
+            span = {(id(body), j) for j in (range(i, i + 3) if k == "add_norm" else (i, i + 1))}
+            add = (id(body), i if k == "add_norm" else i + 1)
+            if k == kind and name in wanted and add not in taken and not (kind == "norm_add" and span & taken):
+                out.append((body, i, name, k))
+                taken |= span
+    return out
+
+
+def _fuse_sites(fn: ast.FunctionDef, names: Iterable[str]) -> ast.FunctionDef:
+    """A copy of ``fn`` with the sites of ``names`` rewritten to one helper call each."""
+    fn = copy.deepcopy(fn)
+    sites = sorted(_chosen(_sites(fn), names), key=lambda site: (id(site[0]), site[1]))
+    for body, i, name, kind in reversed(sites):  # from the end of each body: earlier indices stay valid
+        norm = ast.Attribute(ast.Name("self", ast.Load()), name, ast.Load())
+        if kind == "add_norm":
+            add, keep = body[i], body[i + 1]
+            call = ast.Call(ast.Name(HELPER, ast.Load()), [norm, add.value.left, add.value.right], [])
+            pair = ast.Tuple([ast.Name(_target(add), ast.Store()), ast.Name(_target(keep), ast.Store())], ast.Store())
+            body[i : i + 3] = [ast.copy_location(ast.Assign(targets=[pair], value=call), add)]
+        else:
+            x = _target(body[i])
+            _, other, norm_first = _then_add_site(body[i], body[i + 1])
+            args = [norm, ast.Name(x, ast.Load()), ast.Name(other.id, ast.Load()), ast.Constant(norm_first)]
+            call = ast.Call(ast.Name(THEN_ADD, ast.Load()), args, [])
+            body[i : i + 2] = [ast.copy_location(ast.Assign([ast.Name(x, ast.Store())], call), body[i])]
     return ast.fix_missing_locations(fn)
 
 
@@ -131,9 +185,15 @@ class LayerSource:
     sites: tuple[str, ...]
     reason: str = ""
 
-    def compile(self, fused: Iterable[str], helper: Callable | None) -> Callable:
-        """The forward with the sites of ``fused`` rewritten to calls of ``helper`` (decorators of the source applied
-        again)."""
+    def fusable(self, names: Iterable[str]) -> tuple[str, ...]:
+        """The names among ``names`` whose sites ``compile`` would rewrite (in source order)."""
+        assert self.fn is not None
+        chosen = {name for _, _, name, _ in _chosen(_sites(self.fn), names)}
+        return tuple(n for n in dict.fromkeys(self.sites) if n in chosen)
+
+    def compile(self, fused: Iterable[str], helper: Callable | None, then_add: Callable | None = None) -> Callable:
+        """The forward with the sites of ``fused`` rewritten to calls of ``helper`` (add, then norm) and ``then_add``
+        (norm, then add), the decorators of the source applied again."""
         assert self.fn is not None and self.raw is not None
         factory = ast.parse(_FACTORY)
         fn = _fuse_sites(self.fn, fused)
@@ -144,7 +204,7 @@ class LayerSource:
         code = compile(factory, filename, "exec", flags=flags, dont_inherit=True)
         namespace: dict = {}
         exec(code, self.raw.__globals__, namespace)  # the module's globals; the factory lands in `namespace`
-        forward = namespace["__lnblocks_factory__"](helper)
+        forward = namespace["__lnblocks_factory__"](helper, then_add)
         inspect.unwrap(forward).__qualname__ = self.raw.__qualname__
         return forward
 
@@ -190,7 +250,7 @@ def read_forward(cls: type) -> LayerSource:
     fn = _definition(raw)
     if isinstance(fn, str):
         return _refused(fn)
-    source_obj = LayerSource(fn, raw, tuple(name for _, _, name in _sites(fn)))
+    source_obj = LayerSource(fn, raw, tuple(name for _, _, name, _ in _sites(fn)))
     try:
         again = _chain(source_obj.compile((), None))  # unchanged: must be the code the class runs
     except Exception as err:  # a decorator that cannot be evaluated again
@@ -204,5 +264,8 @@ def read_forward(cls: type) -> LayerSource:
     if not all(_is_checkpoint_wrapper(w) for w in head):
         return _refused("its forward is wrapped by something other than transformers' gradient checkpointing")
     if not source_obj.sites:
-        return _refused("its forward has no residual add followed by a module call (x = a + b; r = x; x = self.m(x))")
+        return _refused(
+            "its forward has no residual add followed by a module call (x = a + b; r = x; x = self.m(x)) nor a "
+            "module call followed by one (x = self.m(x); x = r + x)"
+        )
     return source_obj

@@ -70,6 +70,8 @@ class PatchOptions:
     ``chunked_loss``: the labelled loss of the causal LM through the chunked LM head (``lnblocks.hf.chunked_loss``);
     ``on_unchunkable``: what a model whose loss cannot go that way gets: "raise" or "log" (``patch_transformers``:
     its norms patched, its loss as it was).
+    ``memory_efficient``: the patched LayerNorm / RMSNorm / L2 norms save their output for the backward instead of
+    their input (``docs/norms.md``); it needs the fused kernels (backend "auto" or "triton").
     """
 
     backend: str = "auto"
@@ -80,6 +82,7 @@ class PatchOptions:
     on_unfusable: Literal["raise", "log"] = "raise"
     chunked_loss: bool = False
     on_unchunkable: Literal["raise", "log"] = "raise"
+    memory_efficient: bool = False
 
     def __post_init__(self) -> None:
         check_choice("backend", self.backend, BACKENDS)
@@ -90,6 +93,12 @@ class PatchOptions:
         check_choice("on_unfusable", self.on_unfusable, ("raise", "log"))
         check_bool("chunked_loss", self.chunked_loss)
         check_choice("on_unchunkable", self.on_unchunkable, ("raise", "log"))
+        check_bool("memory_efficient", self.memory_efficient)
+        if self.memory_efficient and self.backend == "torch":
+            raise ValueError(
+                "memory_efficient=True needs the fused kernels (backend 'auto' or 'triton'): it is their backward that "
+                "saves the output instead of the input; backend='torch' saves what its autograd ops save"
+            )
 
 
 @dataclass
@@ -146,13 +155,18 @@ def plan_patch(model: nn.Module, options: PatchOptions) -> PatchPlan:
     norms = []
     for name, module, math in selection.chosen:
         record = record_of(module)
-        norm = record.norm if record is not None else build_norm_for(name, module, math, options.backend)
+        norm = (
+            record.norm
+            if record is not None
+            else build_norm_for(name, module, math, options.backend, options.memory_efficient)
+        )
         if options.backend == "triton":
             check_triton(name, module, norm)
         norms.append((module, norm, math))
     layers: list[LayerPlan] = []
     if options.fuse_residual:
-        patched = {id(m) for m, _, _ in norms} | {id(m) for m in model.modules() if is_patched(m)}
+        patched = {id(m) for m, _, math in norms if math.kind != "gated_rmsnorm"}
+        patched |= {id(m) for m in model.modules() if is_patched(m) and record_of(m).math.kind != "gated_rmsnorm"}
         layers = plan_fusion(model, selection.recognised, patched, strict=options.on_unfusable == "raise")
     layer_entries = tuple(LayerEntry(lp.name, type(lp.layer).__name__, lp.norms) for lp in layers)
     entries = tuple(selection.entries)
@@ -181,10 +195,13 @@ def _check_same_options(model: nn.Module, options: PatchOptions) -> None:
     """A model patched before must be asked for the same options again (nothing is changed otherwise)."""
     backends: dict[str, str] = {}  # backend -> the first module patched with it
     fused = chunked = None
+    saves: dict[bool, str] = {}  # memory_efficient -> the first module patched with it (kinds that have it)
     for name, module in model.named_modules():
         record = record_of(module)
         if record is not None:
             backends.setdefault(record.norm.spec.backend, name or "<model>")
+            if "memory_efficient" in record.norm.spec.field_names():
+                saves.setdefault(record.norm.spec.memory_efficient, name or "<model>")
         if fused is None and fusion_of(module) is not None:
             fused = name
         if chunked is None and loss_record_of(module) is not None:
@@ -198,6 +215,12 @@ def _check_same_options(model: nn.Module, options: PatchOptions) -> None:
             raise ValueError(
                 f"{what} is already patched with backend={old!r} (e.g. {name}); patching it again with "
                 f"backend={options.backend!r} is refused: {hint}"
+            )
+    for old, name in saves.items():
+        if old != options.memory_efficient:
+            raise ValueError(
+                f"{what} is already patched with memory_efficient={old} (e.g. {name}); patching it again with "
+                f"memory_efficient={options.memory_efficient} is refused: {hint}"
             )
     lenient = options.on_unfusable == "log" and options.fuse_residual  # fusing where it can: none may be fused
     if (fused is not None) != options.fuse_residual and not lenient:
@@ -306,6 +329,7 @@ def patch_norms(
     *,
     fuse_residual: bool = False,
     chunked_loss: bool = False,
+    memory_efficient: bool = False,
 ) -> PatchReport:
     """Run the norms of ``model`` through lnblocks, in place and reversibly; returns what was done.
 
@@ -319,13 +343,17 @@ def patch_norms(
     ``chunked_loss=True``: a causal LM called with ``labels`` computes its loss through lnblocks' chunked LM head,
     never holding the ``(B, T, V)`` logits, and returns the last position's logits only (``lnblocks.hf.chunked_loss``);
     a model whose head or loss it does not reproduce is refused with a ``ValueError`` naming why.
+    ``memory_efficient=True``: the fused backward of the patched LayerNorm/RMSNorm/L2 norms saves their output instead
+    of their input (the next layer keeps the output anyway; ``docs/norms.md``); needs backend "auto" or "triton".
 
     Works on PEFT models (``PeftModel``: LoRA layers are left alone, norms in ``ModulesToSaveWrapper`` patched) and on
     accelerate-dispatched ones (``device_map``: the device hooks are kept). Patching again with the same options is
     harmless (no second wrapper; selection only adds modules) and returns the report again; with another backend or
     ``fuse_residual`` it is refused (``unpatch_norms`` first). Every error leaves the model exactly as it was.
     """
-    options = PatchOptions(backend, include, exclude, fuse_residual, chunked_loss=chunked_loss)
+    options = PatchOptions(
+        backend, include, exclude, fuse_residual, chunked_loss=chunked_loss, memory_efficient=memory_efficient
+    )
     plan = plan_patch(model, options)
     plan.apply()
     return plan.report
@@ -356,10 +384,14 @@ def patched_norms(
     *,
     fuse_residual: bool = False,
     chunked_loss: bool = False,
+    memory_efficient: bool = False,
 ) -> Iterator[PatchReport]:
     """``with patched_norms(model) as report:`` patches on entry and restores on exit the modules it patched
     (modules patched before entering stay patched)."""
-    plan = plan_patch(model, PatchOptions(backend, include, exclude, fuse_residual, chunked_loss=chunked_loss))
+    options = PatchOptions(
+        backend, include, exclude, fuse_residual, chunked_loss=chunked_loss, memory_efficient=memory_efficient
+    )
+    plan = plan_patch(model, options)
     changed = plan.apply()
     try:
         yield plan.report

@@ -12,12 +12,12 @@ stored on the module or on its lnblocks norm.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from torch import nn
+from torch import Tensor, nn
 
 from lnblocks.hf.recognition import NormMath
-from lnblocks.norms import Norm
+from lnblocks.norms import Norm, build_norm
 
 RECORD_KEY = "_lnblocks_patch"  # the instance attribute holding a patched module's PatchRecord
 LOSS_KEY = "_lnblocks_loss"  # the instance attribute holding a causal LM's LossRecord
@@ -33,6 +33,18 @@ class PatchRecord:
     norm: Norm
     math: NormMath
     saved_forward: Callable | None = None
+    by_dim: dict[int, Norm] = field(default_factory=dict)
+
+    def norm_for(self, x: Tensor) -> Norm:
+        """The norm for ``x``: ``norm``, or for a parameter-free class that stores no shape (``math.shape_from ==
+        "input"``) one per last dim, built at its first call of that width with ``norm``'s spec."""
+        if self.math.shape_from != "input":
+            return self.norm
+        n = x.shape[-1]
+        norm = self.by_dim.get(n)
+        if norm is None:
+            norm = self.by_dim[n] = build_norm(self.norm.spec, n)
+        return norm
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,14 @@ fused add + norm of flash-attn and Liger-Kernel), so the three statements become
 
     hidden_states, residual = __lnblocks_add_norm__(self.post_attention_layernorm, residual, hidden_states)
 
-Only an add that the layer's own code follows with a norm can be fused; the add at the end of a layer meets the next
-layer's norm outside this code and stays as it is (so Llama fuses one of its two adds per layer, Gemma2/3 the one
-between their sandwich norms, and OLMo2, whose norms come *before* each add, none).
+Only an add that the layer's own code follows with a norm can be fused this way; the add at the end of a layer meets
+the next layer's norm outside this code. The other order, a norm whose output is added to the residual (OLMo 2's
+``hidden_states = residual + self.post_attention_layernorm(hidden_states)``, written as two statements), becomes
+``hidden_states = __lnblocks_norm_add__(self.post_attention_layernorm, hidden_states, residual, False)``, which calls
+``norm(x, then_add=r)``: ``Norm.norm_then_add``, one kernel reading ``x`` and ``r`` and writing ``r + norm(x)``. So
+Llama fuses one of its two adds per layer, OLMo2 both (norm, then add), and Gemma2/3 two: the add between their
+sandwich norms (into the pre-feedforward norm) and the last one (after the post-feedforward norm); the add after
+Gemma's post-attention norm is the pre-feedforward norm's already.
 
 Why it is exact, and never a guess:
 
@@ -24,7 +29,7 @@ Why it is exact, and never a guess:
 - ``__lnblocks_add_norm__(norm, a, b)`` adds ``a + b`` in that operand order, in their dtype as HF does; when the
   norm is not (or no longer) patched, the operands would broadcast, or a hook would see the call (a forward or
   backward hook on the norm, or a global one), it runs the original statements, so hooks see the norm's true input
-  ``a + b`` and its plain output;
+  ``a + b`` and its plain output; ``__lnblocks_norm_add__`` falls back the same way (hooks see ``norm(x)``);
 - the layer's class becomes a subclass with the same name whose forward is the rewritten one; transformers'
   ``GradientCheckpointingLayer`` wraps it at class creation like the original, so gradient checkpointing keeps
   working (FSDP2 swaps classes the same way); unpatching swaps the class back.
@@ -44,6 +49,21 @@ from lnblocks.hf.record import FUSION_KEY, LayerFusion, fusion_of, is_fused
 from lnblocks.hf.wrappers import base_model_name, hooked_by_accelerate, takes_residual, wrapped_copies
 
 log = logging.getLogger("lnblocks.hf")
+
+
+def norm_add(norm: nn.Module, x: Tensor, r: Tensor, norm_first: bool) -> Tensor:
+    """``r + norm(x)`` (``norm(x) + r`` with ``norm_first``: the same bits), as the one call ``norm(x, then_add=r)``
+    (``Norm.norm_then_add``: one kernel on GPU) where ``norm`` runs lnblocks and no hook would see the call."""
+    if (
+        isinstance(x, Tensor)
+        and isinstance(r, Tensor)
+        and x.shape == r.shape
+        and x.device == r.device
+        and takes_residual(norm)
+    ):
+        return norm(x, then_add=r)
+    y = norm(x)
+    return y + r if norm_first else r + y
 
 
 def add_norm(norm: nn.Module, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -84,7 +104,7 @@ def fused_class(base: type, names: tuple[str, ...]) -> type:
     if source.fn is None:
         raise ValueError(f"{base.__name__}: {source.reason}")
     namespace = {
-        "forward": source.compile(names, add_norm),
+        "forward": source.compile(names, add_norm, norm_add),
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,
         "__doc__": base.__doc__,
@@ -187,10 +207,8 @@ def _plan_layer(name: str, layer: nn.Module, children: dict[str, nn.Module], pat
     source = read_forward(type(layer))
     if source.fn is None:
         return LayerPlan(name, layer, (), source.reason)
-    fused = tuple(
-        n
-        for n in dict.fromkeys(source.sites)
-        if n in children and all(id(m) in patched for m in wrapped_copies(children[n]))
+    fused = source.fusable(
+        n for n in source.sites if n in children and all(id(m) in patched for m in wrapped_copies(children[n]))
     )
     if fused:
         return LayerPlan(name, layer, fused)

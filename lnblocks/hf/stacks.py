@@ -39,6 +39,7 @@ def from_pretrained(
     include: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
     chunked_loss: bool = False,
+    memory_efficient: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
     """``model_class.from_pretrained(name_or_path, *model_args, **kwargs)`` with its norms patched by lnblocks.
@@ -48,7 +49,8 @@ def from_pretrained(
     ``patch_norms``'s; the patch report is logged (``logging.getLogger("lnblocks.hf")``, INFO) and returned again by
     ``patch_norms(model, <same options>)``.
     """
-    options = PatchOptions(backend, include, exclude, fuse_residual, on_empty="raise", chunked_loss=chunked_loss)
+    extra = {"chunked_loss": chunked_loss, "memory_efficient": memory_efficient}
+    options = PatchOptions(backend, include, exclude, fuse_residual, on_empty="raise", **extra)
     if model_class is None:
         model_class = require("transformers").AutoModelForCausalLM
     if not callable(getattr(model_class, "from_pretrained", None)):
@@ -71,8 +73,9 @@ class _Options:
         exclude: str | Iterable[str] | None = None,
         unpatch_at_end: bool = False,
         chunked_loss: bool = False,
+        memory_efficient: bool = False,
     ) -> None:
-        options = {"on_empty": "raise", "chunked_loss": chunked_loss}
+        options = {"on_empty": "raise", "chunked_loss": chunked_loss, "memory_efficient": memory_efficient}
         self.options = PatchOptions(backend, include, exclude, fuse_residual, **options)
         check_bool("unpatch_at_end", unpatch_at_end)
         self.unpatch_at_end = unpatch_at_end
@@ -91,7 +94,8 @@ def _callback_class() -> type:
     transformers = require("transformers")
 
     class PatchNormsCallback(_Options, transformers.TrainerCallback):
-        """``Trainer(..., callbacks=[PatchNormsCallback(backend=..., fuse_residual=..., chunked_loss=...)])``: the
+        """``Trainer(..., callbacks=[PatchNormsCallback(backend=..., fuse_residual=..., chunked_loss=...)])`` (and
+        ``memory_efficient=``, each as in ``patch_norms``): the
         Trainer's model is patched when the Trainer is built and again when training starts (a ``model_init`` model,
         or options refused there, surface before the first step); ``unpatch_at_end=True`` restores it after
         training. ``report``: the latest ``PatchReport``."""

@@ -57,9 +57,11 @@ class GPTConfig(AddedFields, Config):
     ``emb_scale``: None, or a factor on the token embeddings (Gemma's ``sqrt(hidden_size)``, in the model dtype).
     ``final_softcap``: None, or ``c`` for Gemma 2's final-logit soft-capping ``c * tanh(logits / c)`` (arXiv
     2408.00118), honoured by the chunked head too.
+    ``memory_efficient``: None, or True/False for every layer's ``BlockConfig.memory_efficient`` (the norms save
+    their output for the backward instead of their input; the final norm is the last block's norm, so it follows).
     """
 
-    ADDED: ClassVar[tuple[str, ...]] = ("emb_scale", "final_softcap")
+    ADDED: ClassVar[tuple[str, ...]] = ("emb_scale", "final_softcap", "memory_efficient")
 
     vocab_size: int = 256
     max_seq_len: int = 256
@@ -77,6 +79,7 @@ class GPTConfig(AddedFields, Config):
     qkv_init: QKVInit = "per_matrix"
     emb_scale: float | None = None
     final_softcap: float | None = None
+    memory_efficient: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_seq_len", "n_layers"):
@@ -95,6 +98,10 @@ class GPTConfig(AddedFields, Config):
         if self.emb_norm is not None:
             self._set("emb_norm", NormSpec.from_dict(self.emb_norm, key="emb_norm"))
         layers = self._resolve_layers()
+        check_bool("memory_efficient", self.memory_efficient, allow_none=True)
+        if self.memory_efficient is not None:
+            with under_key("block"):
+                layers = tuple(b.replace(memory_efficient=self.memory_efficient) for b in layers)
         self._set("block", layers[0] if all(b == layers[0] for b in layers) else layers)
         self._check_layers(layers)
 

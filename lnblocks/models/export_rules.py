@@ -43,24 +43,28 @@ EXPORT_RULES: dict[type, dict[str, str]] = {
         "rope_theta": "compared with positions='rope' (unused otherwise)",
         "final_norm": "compared as the final norm it gives (None follows the last placement's rule)",
         **dict.fromkeys(("init", "init_std", "emb_init_std", "qkv_init"), INIT_ONLY),
+        "memory_efficient": BACKEND,
     },
-    BlockConfig: _compared(
-        "dim",
-        "placement",
-        "norm",
-        "attention",
-        "mlp",
-        "qk_norm",
-        "depth_scaled_norm",
-        "shared_norm",
-        "deepnorm_alpha",
-        "rezero",
-        "dropout",
-        "mlp_norm",
-        "v_norm",
-        "mlp_placement",
-        "hyper_connections",
-    ),
+    BlockConfig: {
+        **_compared(
+            "dim",
+            "placement",
+            "norm",
+            "attention",
+            "mlp",
+            "qk_norm",
+            "depth_scaled_norm",
+            "shared_norm",
+            "deepnorm_alpha",
+            "rezero",
+            "dropout",
+            "mlp_norm",
+            "v_norm",
+            "mlp_placement",
+            "hyper_connections",
+        ),
+        "memory_efficient": BACKEND,
+    },
     AttentionConfig: {
         **_compared("n_heads", "n_kv_heads", "head_dim", "causal", "dropout", "sliding_window", "scale"),
         **_compared("softcap", "output_gate"),
@@ -104,7 +108,9 @@ def rule(owner: type, name: str) -> str:
 def block_key_rule(key: str) -> str:
     """The decision for a flattened ``BlockConfig`` key (``"attention.backend"``, ``"norm.cast"``, ``"dropout"``)."""
     head, _, leaf = key.partition(".")
-    if not leaf or leaf == "kind":
+    if not leaf:
+        return rule(BlockConfig, head)
+    if leaf == "kind":
         return COMPARED
     if head == "attention":
         return rule(AttentionConfig, leaf)

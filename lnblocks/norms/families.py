@@ -11,8 +11,8 @@ Each row is plain data (this module imports nothing), read by every package that
   and the eps read from the HF config.
 
 Rows without ``model_types`` are norm presets only: the norms of a family's other roles (``llama4_qk``, the gated
-norms of the hybrid SSM families) and families ``lnblocks.hf`` does not map to a role layout yet; ``hf_norm_class``
-still names the HF class the preset reproduces.
+norms of the hybrid SSM families, ``cohere_qk``) and norms of no HF family (``derf``, TransformerEngine's);
+``hf_norm_class`` still names the HF class a preset reproduces. A model type is in one row at most.
 
 ``norm`` holds the norm class's default eps (``LlamaRMSNorm(..., eps=1e-6)``), or the config's default
 (``layer_norm_eps``) where the model builds a ``torch.nn.LayerNorm``. A model config may override it (``Olmo2Config``
@@ -90,15 +90,31 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
            model_types=("opt",), hf_norm_class=TORCH_LAYERNORM, roles="opt"),
         _F("falcon", {"kind": _LN, "eps": 1e-5},                           "Falcon (arXiv 2311.16867)",
            model_types=("falcon",), hf_norm_class=TORCH_LAYERNORM, roles="falcon"),
-        # the 2025-26 families: norm presets (with the HF class each reproduces), no role layout yet
+        # the 2025-26 families: the norm of the residual stream (model_types: patched with a role layout) and the
+        # norms of their other roles (the qk-norm, the gated mixer norm: presets, patched where a class computes them)
         _F("llama4", {**_LLAMA_NORM, "eps": 1e-5},                        "Llama 4 (Meta 2025)",
-           hf_norm_class="Llama4TextRMSNorm"),
+           model_types=("llama4", "llama4_text"), hf_norm_class="Llama4TextRMSNorm", roles="llama"),
         _F("llama4_qk", {"kind": "l2norm", "eps": 1e-6},                  "Llama 4 qk-norm (Meta 2025)",
            hf_norm_class="Llama4TextL2Norm"),
         _F("nemotron", {"kind": _LN, "eps": 1e-5, "zero_centered": True, "cast": "nemotron"},
-           "Nemotron-4 (arXiv 2402.16819)", hf_norm_class="NemotronLayerNorm1P"),
+           "Nemotron-4 (arXiv 2402.16819)", model_types=("nemotron",), hf_norm_class="NemotronLayerNorm1P",
+           roles="llama"),
         _F("nemotron_h", {"kind": "rmsnorm", "eps": 1e-6, "cast": "fp32"}, "Nemotron-H (arXiv 2504.03624)",
-           hf_norm_class="NemotronHRMSNorm"),
+           model_types=("nemotron_h",), hf_norm_class="NemotronHRMSNorm", roles="hybrid"),
+        _F("mamba2", _LLAMA_NORM,                                         "Mamba-2 (arXiv 2405.21060)",
+           model_types=("mamba2",), hf_norm_class="Mamba2RMSNorm", roles="hybrid"),
+        _F("bamba", _LLAMA_NORM,                                          "Bamba (IBM 2024)",
+           model_types=("bamba",), hf_norm_class="BambaRMSNorm", roles="hybrid"),
+        _F("jamba", _LLAMA_NORM,                                          "Jamba (arXiv 2403.19887)",
+           model_types=("jamba",), hf_norm_class="JambaRMSNorm", roles="hybrid"),
+        _F("falcon_h1", _LLAMA_NORM,                                      "Falcon-H1 (arXiv 2507.22448)",
+           model_types=("falcon_h1",), hf_norm_class="FalconH1RMSNorm", roles="hybrid"),
+        _F("zamba2", _LLAMA_NORM,                                         "Zamba2 (Zyphra 2024)",
+           model_types=("zamba2",), hf_norm_class="Zamba2RMSNorm", roles="hybrid"),
+        _F("granitemoehybrid", _LLAMA_NORM,                               "Granite 4.0 hybrid (IBM 2025)",
+           model_types=("granitemoehybrid",), hf_norm_class="GraniteMoeHybridRMSNorm", roles="hybrid"),
+        _F("qwen3_next", _GEMMA_NORM,                                     "Qwen3-Next (Qwen 2025)",
+           model_types=("qwen3_next",), hf_norm_class="Qwen3NextRMSNorm", roles="hybrid"),
         _F("nemotron_h_gated", _MAMBA_GATED,                              "Nemotron-H mixer norm (arXiv 2504.03624)",
            hf_norm_class="NemotronHRMSNormGated"),
         _F("mamba2_gated", _MAMBA_GATED,                                  "Mamba-2 (arXiv 2405.21060)",
@@ -108,7 +124,7 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         _F("falcon_h1_gated", {**_MAMBA_GATED, "gate": "after", "cast": "fp32"}, "Falcon-H1 (arXiv 2507.22448)",
            hf_norm_class="FalconH1RMSNormGated"),
         _F("cohere", _COHERE_LN,                                          "Command R (Cohere 2024)",
-           hf_norm_class="CohereLayerNorm"),
+           model_types=("cohere", "cohere2"), hf_norm_class="CohereLayerNorm", roles="parallel"),
         _F("cohere_qk", {**_COHERE_LN, "per_head": True},                 "Command R qk-norm (Cohere 2024)",
            hf_norm_class="CohereLayerNorm"),
         _F("derf", {"kind": "derf"},                                      "Derf (arXiv 2512.10938)"),

@@ -26,13 +26,7 @@ def norm_then_add(norm: RoutedNorm, x: Tensor, residual: Tensor, *, return_norme
     if not isinstance(return_normed, bool):
         raise TypeError(f"return_normed must be a bool, got {type(return_normed).__name__}")
     route = routing.route_for(norm, x)
-    LF.check_float_tensor("residual", residual)
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)} (no broadcasting)"
-        )
-    routing._check_device("residual", residual, x)
-    routing._check_dtensors(x, residual, [])
+    routing.check_residual(x, residual)
     spec = norm.spec
     if route.plan is not None:
         kernels = routing._kernels()

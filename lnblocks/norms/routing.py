@@ -277,13 +277,24 @@ def _check_operands(norm: RoutedNorm, x: Tensor, residual: Tensor | None) -> Non
     if norm.normalized_shape is not None:
         LF.check_trailing(x, norm.normalized_shape)
     if residual is not None:
-        LF.check_float_tensor("residual", residual)
-        if residual.shape != x.shape:
-            raise ValueError(
-                f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)} "
-                "(no broadcasting)"
-            )
-        _check_device("residual", residual, x)
+        _check_residual_operand(x, residual)
+
+
+def _check_residual_operand(x: Tensor, residual: Tensor) -> None:
+    LF.check_float_tensor("residual", residual)
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual: expected the same shape as x {tuple(x.shape)}, got {tuple(residual.shape)} (no broadcasting)"
+        )
+    _check_device("residual", residual, x)
+
+
+def check_residual(x: Tensor, residual: Tensor) -> None:
+    """A residual operand of a call other than ``norm(x, residual=r)`` (``Norm.norm_then_add``): floating, of x's
+    shape (never broadcast), on x's device, and a DTensor exactly when x is one. ``norm(x, residual=r)`` checks the
+    same in its planning."""
+    _check_residual_operand(x, residual)
+    _check_dtensors(x, residual, [])
 
 
 def _check_device(name: str, t: Tensor | None, x: Tensor) -> None:

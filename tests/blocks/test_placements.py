@@ -245,3 +245,35 @@ def test_per_sublayer_placement_follows_each_sublayers_row(attn_p: str, mlp_p: s
         h = sub[attn_p](blk.attn, blk.attn_in_norm, blk.attn_post_norm, x)
         expected = sub[mlp_p](blk.mlp, blk.mlp_in_norm, blk.mlp_post_norm, h)
         assert torch.equal(blk(x), expected) and torch.equal(blk(Stream(x)).value(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["sandwich", "reordered"])
+def test_output_norms_add_with_norm_then_add_bit_for_bit(name: str, dtype: torch.dtype) -> None:
+    """``x + norm_out(b)`` runs as one ``norm_then_add`` call per sublayer, with the formula's bits: values and the
+    gradients of the input and every parameter (chained through three blocks: the next block's norms meet it)."""
+    torch.manual_seed(3)
+    cfg = BlockConfig(dim=32, placement=name, norm="rmsnorm", attention={"n_heads": 4})
+    blocks = [randomize_(Block(cfg, i, 3)).to(dtype) for i in range(3)]
+    calls: list[int] = []
+    for blk in blocks:
+        for norm in (blk.attn_out_norm, blk.mlp_out_norm):
+            method = norm.norm_then_add
+            norm.norm_then_add = lambda *a, _m=method, **k: (calls.append(1), _m(*a, **k))[1]
+    formula = FORMULAS[name][1]
+    x = torch.randn(2, 5, 32, dtype=dtype)
+    results = []
+    for run in ("block", "formula"):
+        xs = x.clone().requires_grad_()
+        s, h = Stream(xs), xs
+        for blk in blocks:
+            if run == "block":
+                s = blk(s)
+            else:
+                h = formula(blk, h)
+        out = s.value() if run == "block" else h
+        params = [p for blk in blocks for p in blk.parameters()]
+        results.append([out, *torch.autograd.grad(out.float().square().sum(), [xs, *params])])
+    assert len(calls) == 2 * len(blocks)  # each output norm's add ran as norm_then_add (the formula calls norm(b))
+    for a, b in zip(*results, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -105,7 +105,82 @@ FAMILIES: dict[str, Tiny] = {
     "falcon_new_arch": Tiny(
         "FalconConfig", "FalconForCausalLM", 5, _PRE_LN, {"num_kv_heads": 2, "new_decoder_architecture": True}
     ),
-}
+    # the 2025-26 families: Llama 4's qk L2 norm, Nemotron's LayerNorm 1P, Cohere's per-head qk-norm and parallel
+    # block, and the gated mixer norms of the SSM / linear-attention hybrids
+    "llama4": Tiny(
+        "Llama4TextConfig", "Llama4ForCausalLM", 7, {**_PRE_LN, "qk_norm": 2}, {"head_dim": 8}
+    ),
+    "nemotron": Tiny("NemotronConfig", "NemotronForCausalLM", 5, _PRE_LN, {"head_dim": 8}),
+    "cohere_qk": Tiny(
+        "CohereConfig",
+        "CohereForCausalLM",
+        7,
+        {"pre_parallel": 2, "q_norm": 2, "k_norm": 2, "final": 1},
+        {"use_qk_norm": True},
+    ),
+    "nemotron_h": Tiny(
+        "NemotronHConfig",
+        "NemotronHForCausalLM",
+        4,
+        {"pre_mixer": 2, "gated": 1, "final": 1},
+        {"layers_block_type": ["mamba", "attention"], "mamba_num_heads": 4, "mamba_head_dim": 8, "n_groups": 2,
+         "ssm_state_size": 8, "head_dim": 8},
+    ),
+    "qwen3_next": Tiny(
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        8,
+        {"gated": 1, **_PRE_LN, "q_norm": 1, "k_norm": 1},
+        {"layer_types": ["linear_attention", "full_attention"], "head_dim": 8, "linear_num_value_heads": 4,
+         "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4,
+         "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16, "num_experts_per_tok": 2},
+    ),
+    "mamba2": Tiny(
+        "Mamba2Config",
+        "Mamba2ForCausalLM",
+        5,
+        {"pre_mixer": 2, "gated": 2, "final": 1},
+        {"expand": 1, "n_groups": 2, "head_dim": 8, "state_size": 8},
+    ),
+    "bamba": Tiny(
+        "BambaConfig",
+        "BambaForCausalLM",
+        6,
+        {**_PRE_LN, "gated": 1},
+        {"mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 8, "attn_layer_indices": [1]},
+    ),
+    "jamba": Tiny(
+        "JambaConfig",
+        "JambaForCausalLM",
+        8,
+        {**_PRE_LN, "mixer_inner": 3},
+        {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+         "num_experts": 2, "mamba_d_state": 8},
+    ),
+    "falcon_h1": Tiny(
+        "FalconH1Config",
+        "FalconH1ForCausalLM",
+        7,
+        {**_PRE_LN, "gated": 2},
+        {"mamba_rms_norm": True, "mamba_d_ssm": 32, "mamba_expand": 1, "mamba_n_heads": 4, "mamba_d_head": 8,
+         "mamba_n_groups": 2, "mamba_d_state": 8, "head_dim": 8},
+    ),
+    "zamba2": Tiny(
+        "Zamba2Config",
+        "Zamba2ForCausalLM",
+        7,
+        {"pre_attn": 3, "pre_mlp": 1, "gated": 2, "final": 1},
+        {"layers_block_type": ["mamba", "hybrid"], "mamba_headdim": 8, "mamba_ngroups": 2, "mamba_d_state": 8},
+    ),
+    "granitemoehybrid": Tiny(
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        6,
+        {**_PRE_LN, "gated": 1},
+        {"layer_types": ["mamba", "attention"], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 2,
+         "mamba_d_state": 8},
+    ),
+}  # fmt: skip
 
 
 def build(name: str, dtype: torch.dtype = torch.float32, seed: int = 0, **options: Any) -> nn.Module:

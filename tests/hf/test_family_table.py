@@ -21,6 +21,16 @@ from lnblocks.norms.families import TORCH_LAYERNORM, family_of_model_type
 
 transformers = pytest.importorskip("transformers")
 HF_ROWS = [f for f in MODEL_FAMILIES.values() if f.model_types]
+# rows of a family's other roles (no model_types): the transformers module of the class they name, and the
+# constructor arguments of an instance (a gated class reads its group size or gate order from the instance)
+ROLE_ROWS = {
+    "llama4_qk": ("llama4", ()),
+    "nemotron_h_gated": ("nemotron_h", (48, 12)),
+    "mamba2_gated": ("mamba2", (48, 12)),
+    "qwen3_next_gated": ("qwen3_next", (48,)),
+    "falcon_h1_gated": ("falcon_h1", (48,)),
+    "cohere_qk": ("cohere", ((4, 12),)),
+}
 
 
 def _hf_class(model_type: str, name: str) -> type:
@@ -53,28 +63,45 @@ def test_row_matches_transformers(family) -> None:
     else:
         cls = _hf_class(family.model_types[0], family.hf_norm_class)
         assert inspect.signature(cls.__init__).parameters["eps"].default == preset.eps  # the class default
-        math = math_of_class(cls)  # recognised by its code, with the cast order the table states
-        assert math is not None and (math.cast, math.zero_centered) == (preset.cast, preset.zero_centered)
-        assert math.origin.split()[0] in {"LlamaRMSNorm", "Olmo2RMSNorm", "GemmaRMSNorm", "T5LayerNorm"}
+        params = ("weight", "bias") if getattr(preset, "bias", False) else ("weight",)
+        math = math_of_class(cls, params)  # recognised by its code, with the math the table states
+        assert math is not None and math.preset.replace(eps=preset.eps) == preset
+
+
+@pytest.mark.parametrize("name", list(ROLE_ROWS))
+def test_role_rows_are_the_math_of_their_classes(name: str) -> None:
+    """A row without model_types names the HF class its preset reproduces: an instance is recognised as it."""
+    module_name, args = ROLE_ROWS[name]
+    preset = NORM_PRESETS[name]
+    instance = _hf_class(module_name, MODEL_FAMILIES[name].hf_norm_class)(*args)
+    rec = recognise(instance)
+    assert rec is not None and rec.math is not None, rec
+    spec = rec.math.spec(instance, preset.backend)
+    expected = preset.replace(**{k: getattr(spec, k) for k in ("eps", "group_size", "per_head") if hasattr(spec, k)})
+    assert spec == expected
 
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_every_norm_of_a_tiny_model_is_its_family_preset(name: str) -> None:
-    """The patcher reads each norm's spec from the module; it equals the row's preset up to the live eps."""
+    """The patcher reads each norm's spec from the module; it equals the preset of the model's row (or, for the
+    norms of a family's other roles, of the row naming their class's math) up to the instance's live values."""
     model = build(name)
     family = family_of_model_type(model.config.model_type)
     assert family is not None
+    by_class = {f.hf_norm_class: f.name for f in MODEL_FAMILIES.values() if f.hf_norm_class}
     specs = [
-        rec.math.spec(module, "auto")
+        (rec.math, rec.math.spec(module, "auto"))
         for module in model.modules()
         if (rec := recognise(module)) is not None and rec.math is not None
     ]
     assert specs
-    for spec in specs:
-        expected = NORM_PRESETS[family.name].replace(eps=spec.eps, elementwise_affine=spec.elementwise_affine)
-        if spec.kind == "layernorm":
-            expected = expected.replace(bias=spec.bias)
-        assert spec == expected
+    for math, spec in specs:
+        row = by_class.get(math.origin.removesuffix(" math"), family.name)
+        if NORM_PRESETS[row].kind != spec.kind:
+            row = family.name
+        instance = ("eps", "elementwise_affine", "bias", "group_size", "per_head")
+        expected = NORM_PRESETS[row].replace(**{k: getattr(spec, k) for k in instance if hasattr(spec, k)})
+        assert spec == expected, (math.origin, row)
 
 
 def test_derived_views() -> None:

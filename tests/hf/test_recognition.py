@@ -185,8 +185,8 @@ def test_recognition_is_by_math_not_by_name():
 # ---- LayerNorm classes of OLMo (non-parametric, arXiv 2402.00838) and Cohere ------------------------------------
 LAYERNORM_CLASSES = [
     ("olmo", "OlmoLayerNorm", "fp32_input", {}),
-    ("cohere", "CohereLayerNorm", "class", {"eps": 1e-5}),
-    ("cohere2", "Cohere2LayerNorm", "class", {"eps": 1e-5}),
+    ("cohere", "CohereLayerNorm", "lnblocks", {"eps": 1e-5}),
+    ("cohere2", "Cohere2LayerNorm", "lnblocks", {"eps": 1e-5}),
 ]
 
 
@@ -194,7 +194,7 @@ LAYERNORM_CLASSES = [
 @pytest.mark.parametrize("module_name,cls_name,route,kwargs", LAYERNORM_CLASSES, ids=lambda v: str(v))
 def test_olmo_and_cohere_layernorms_patch_bit_identical(module_name, cls_name, route, kwargs, dtype):
     cls = _hf_class(module_name, cls_name)
-    math = math_of_class(cls)
+    math = math_of_class(cls, params=() if route == "fp32_input" else ("weight",))
     assert math is not None and math.kind == "layernorm" and math.torch_route == route
     torch.manual_seed(0)
     original = cls(96, **kwargs).to(dtype)
@@ -235,8 +235,16 @@ def test_layernorm_classes_without_a_bias_run_the_kernel_route(module_name, cls_
     assert record_of(patched).norm.last_backend == "triton"
 
 
-def test_cohere_per_head_layernorm_is_left_unknown():
-    # Cohere's QK-norm: a (heads, head_dim) weight, normalised over head_dim only; no lnblocks norm has that shape
-    module = _hf_class("cohere", "CohereLayerNorm")((4, 16), eps=1e-5)
-    rec = recognise(module)
-    assert rec.status == "unknown" and "are not one 1-D weight" in rec.reason
+def test_cohere_per_head_layernorm_patches_per_head():
+    # Cohere's QK-norm: a (heads, head_dim) weight, normalised over head_dim only: LayerNorm(cast="cohere", per_head)
+    original = _hf_class("cohere", "CohereLayerNorm")((4, 16), eps=1e-5).to(torch.bfloat16)
+    with torch.no_grad():
+        original.weight.normal_()
+    patched = copy.deepcopy(original)
+    report = patch_norms(patched, backend="torch")
+    assert report.patched[0].math == "layernorm(eps=1e-05, bias=False, cast=cohere, per_head)"
+    assert record_of(patched).norm.normalized_shape == (4, 16)
+    x = torch.randn(2, 3, 4, 16, dtype=torch.bfloat16)
+    grad = torch.randn(2, 3, 4, 16, dtype=torch.bfloat16)
+    for a, b in zip(_run(original, x, grad), _run(patched, x, grad), strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -24,17 +24,25 @@ from lnblocks.hf.record import is_fused, record_of
 
 transformers = pytest.importorskip("transformers")
 
-# family -> the norm whose preceding add each layer fuses (the other add meets the next layer's norm outside)
+# family -> the norms whose adds each layer fuses: the add before a pre-norm (the other add meets the next layer's
+# norm outside), and the add after a post-norm (norm, then add: OLMo 2, Gemma 2/3's post-feedforward norm)
 FUSED = {
-    "llama": "post_attention_layernorm",
-    "mistral": "post_attention_layernorm",
-    "qwen2": "post_attention_layernorm",
-    "qwen3": "post_attention_layernorm",
-    "phi3": "post_attention_layernorm",
-    "gemma": "post_attention_layernorm",
-    "gemma2": "pre_feedforward_layernorm",  # sandwich: x + post_attn(attn(x)), then pre_feedforward
-    "gemma3": "pre_feedforward_layernorm",
+    **{f: ("post_attention_layernorm",) for f in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma")},
+    **{f: ("post_attention_layernorm",) for f in ("llama4", "nemotron", "qwen3_next", "granitemoehybrid")},
+    **{f: ("pre_ff_layernorm",) for f in ("bamba", "jamba", "falcon_h1")},
+    "gemma2": ("pre_feedforward_layernorm", "post_feedforward_layernorm"),  # sandwich: the post-attention add is
+    "gemma3": ("pre_feedforward_layernorm", "post_feedforward_layernorm"),  # the pre-feedforward norm's already
+    "olmo2": ("post_attention_layernorm", "post_feedforward_layernorm"),  # x + norm(f(x)): norm, then add
 }
+THEN_ADD = {"post_feedforward_layernorm"} | {"olmo2:post_attention_layernorm"}
+
+
+def _spy_norm_then_add(norm) -> list[int]:
+    """Count the calls of an lnblocks norm's ``norm_then_add`` (the fused post-norm path)."""
+    calls: list[int] = []
+    method = norm.norm_then_add
+    norm.norm_then_add = lambda *args, **kwargs: (calls.append(1), method(*args, **kwargs))[1]
+    return calls
 
 
 def _run(model: nn.Module, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -50,14 +58,22 @@ def test_fused_layers_are_bit_identical_logits_and_grads(family: str, dtype: tor
     reference = build(family, dtype).train()
     model = copy.deepcopy(reference)
     report = patch_norms(model, backend="torch", fuse_residual=True)
-    assert [(e.name, e.norms) for e in report.layers] == [(f"model.layers.{i}", (FUSED[family],)) for i in (0, 1)]
+    assert [(e.name, e.norms) for e in report.layers] == [(f"model.layers.{i}", FUSED[family]) for i in (0, 1)]
+    spies = {}
+    for name in FUSED[family]:
+        if name in THEN_ADD or f"{family}:{name}" in THEN_ADD:
+            spies[name] = _spy_norm_then_add(record_of(getattr(model.model.layers[0], name)).norm)
     batch = inputs(model)
     logits, grads = _run(model, batch)
     ref_logits, ref_grads = _run(reference, batch)
     assert torch.equal(logits, ref_logits)
     assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True))
-    norm = record_of(getattr(model.model.layers[0], FUSED[family])).norm
-    assert (dtype, dtype) in norm._routes.cpu  # the norm was called with residual=: the fused path ran
+    for name in FUSED[family]:
+        norm = record_of(getattr(model.model.layers[0], name)).norm
+        if name in spies:
+            assert spies[name] == [1]  # norm, then add: the one norm_then_add call ran
+        else:
+            assert (dtype, dtype) in norm._routes.cpu  # the norm was called with residual=: the fused path ran
     layer_cls = type(reference.model.layers[0])
     assert type(model.model.layers[0]).__name__ == layer_cls.__name__ and isinstance(model.model.layers[0], layer_cls)
 
@@ -66,12 +82,25 @@ def test_fused_layers_are_bit_identical_logits_and_grads(family: str, dtype: tor
     assert torch.equal(_run(model, batch)[0], ref_logits)
 
 
-def test_olmo2_has_no_add_before_a_norm_and_is_refused() -> None:
-    model = build("olmo2")
-    before = snapshot(model)
-    with pytest.raises(ValueError, match=r"Olmo2DecoderLayer \(2 layers, e\.g\. model\.layers\.0\).*self\.mlp"):
-        patch_norms(model, fuse_residual=True)
-    assert snapshot(model) == before
+def test_a_hook_on_a_post_norm_runs_the_original_statements() -> None:
+    """OLMo 2's ``residual + norm(x)``: with a forward hook on the norm it sees the norm's plain output, unfused."""
+    reference = build("olmo2").eval()
+    model = copy.deepcopy(reference)
+    patch_norms(model, backend="torch", fuse_residual=True)
+    norm = model.model.layers[0].post_attention_layernorm
+    calls = _spy_norm_then_add(record_of(norm).norm)
+    handles = [
+        m.model.layers[0].post_attention_layernorm.register_forward_hook(_halve_output) for m in (model, reference)
+    ]
+    batch = {"input_ids": inputs(model)["input_ids"]}
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, reference(**batch).logits)
+    assert calls == []
+    for handle in handles:
+        handle.remove()
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, reference(**batch).logits)
+    assert calls == [1]
 
 
 def test_gradient_checkpointing_recomputes_the_fused_layers() -> None:
@@ -305,6 +334,9 @@ _DOCS_NAMES = {
     **{"qwen2": "Qwen2", "qwen3": "Qwen3", "phi3": "Phi3", "olmo2": "OLMo2", "gpt2": "GPT-2", "gpt_neox": "GPT-NeoX"},
     **{"bert": "BERT", "roberta": "RoBERTa", "opt_pre": "OPT", "opt_post": "OPT", "t5": "T5"},
     **{"falcon": "Falcon", "falcon_sequential": "Falcon", "falcon_new_arch": "Falcon"},
+    **{"llama4": "Llama4", "nemotron": "Nemotron", "qwen3_next": "Qwen3-Next", "granitemoehybrid": "GraniteMoeHybrid"},
+    **{"bamba": "Bamba", "jamba": "Jamba", "falcon_h1": "FalconH1", "cohere_qk": "Cohere"},
+    **{"mamba2": "Mamba2", "nemotron_h": "NemotronH", "zamba2": "Zamba2"},
 }
 _MORE = {"olmo": ("OlmoConfig", "OlmoForCausalLM"), "cohere": ("CohereConfig", "CohereForCausalLM")}
 _MORE["cohere2"] = ("Cohere2Config", "Cohere2ForCausalLM")
@@ -334,3 +366,20 @@ def test_the_docs_fusion_table_puts_every_tiny_family_in_its_row() -> None:
             outcome = "refused"
         docs_name = _DOCS_NAMES.get(name) or {"olmo": "OLMo", "cohere": "Cohere", "cohere2": "Cohere2"}[name]
         assert rows.get(docs_name) == outcome, f"docs/hf-training.md: {docs_name} is {outcome}, the table says {rows}"
+
+
+def test_post_norms_fused_on_the_triton_backend_match_the_model() -> None:
+    """The kernel route of norm-then-add (Triton's interpreter here): OLMo 2 fused with backend="triton" gives the
+    unpatched model's logits and grads within fp32 rounding, and the post-norms ran the fused kernel."""
+    reference = build("olmo2").train()
+    model = copy.deepcopy(reference)
+    patch_norms(model, backend="triton", fuse_residual=True)
+    calls = _spy_norm_then_add(record_of(model.model.layers[0].post_feedforward_layernorm).norm)
+    batch = inputs(model, seq=6)
+    logits, grads = _run(model, batch)
+    ref_logits, ref_grads = _run(reference, batch)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert calls == [1]
+    assert record_of(model.model.layers[0].post_feedforward_layernorm).norm.last_backend == "triton"

@@ -178,11 +178,11 @@ def test_patch_transformers_fuses_residual_adds_bit_identically(tmp_path, caplog
         expected = transformers.LlamaForCausalLM.from_pretrained(tmp_path, **eager).eval()(**batch).logits
     with caplog.at_level("INFO", logger="lnblocks.hf"), patch_transformers(backend="torch", fuse_residual=True):
         loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path, **eager).eval()
-        olmo2 = build("olmo2")  # norms after each branch: no add-then-norm to fuse
+        cohere = build("cohere_qk")  # one norm feeding both branches, one add of both: nothing to fuse
     assert [is_fused(layer) for layer in loaded.model.layers] == [True, True]
     assert all(is_patched(m) for m in _norm_modules(loaded))
     with torch.no_grad():
         assert torch.equal(loaded(**batch).logits, expected)
-    assert all(is_patched(m) for m in _norm_modules(olmo2)) and not any(is_fused(m) for m in olmo2.modules())
-    assert "Olmo2DecoderLayer" in caplog.text and "those adds stay as they are" in caplog.text
+    assert all(is_patched(m) for m in _norm_modules(cohere)) and not any(is_fused(m) for m in cohere.modules())
+    assert "CohereDecoderLayer" in caplog.text and "those adds stay as they are" in caplog.text
     assert patch_norms(loaded, backend="torch", fuse_residual=True).layers  # the same options: the report again

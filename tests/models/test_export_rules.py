@@ -189,6 +189,8 @@ VARIANTS: dict[tuple[type, str], list[tuple[str, dict, dict, str | None]]] = {
     (RMSNormSpec, "group_size"): [("llama", {}, _rms(group_size=8), "norm.group_size")],
     (RMSNormSpec, "per_head"): [("llama", {}, _rms(per_head=True), "norm.per_head")],
     (RMSNormSpec, "memory_efficient"): [("llama", {}, _rms(memory_efficient=True), None)],
+    (GPTConfig, "memory_efficient"): [("llama", {"memory_efficient": True}, {}, None)],
+    (BlockConfig, "memory_efficient"): [("gpt2", {}, {"memory_efficient": True}, None)],
     **{(GatedRMSNormSpec, f): [("llama", {}, {"norm": {"kind": "gated_rmsnorm", f: v}}, "norm.kind")] for f, v in
        (("eps", 1e-5), ("elementwise_affine", False), ("gate", "after"), ("activation", "sigmoid"), ("cast", "fp32"),
         ("group_size", 8), ("per_head", True))},
