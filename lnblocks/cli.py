@@ -178,6 +178,13 @@ def _one_line(err: BaseException) -> str:
     return text
 
 
+def _say(line: str) -> None:
+    """``line`` on stderr in one write (``print`` makes two: the text, then the newline), so the lines of several
+    processes sharing a stderr (the ranks of a torchrun job) never run into each other."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = getattr(args, "debug", False) or os.environ.get("LNBLOCKS_DEBUG", "") not in ("", "0")
@@ -186,16 +193,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("lnblocks: interrupted", file=sys.stderr)
+        _say("lnblocks: interrupted")
         return 130
     except USER_ERRORS as err:
-        print(f"lnblocks: error: {_one_line(err)}", file=sys.stderr)
+        _say(f"lnblocks: error: {_one_line(err)}")
         return EXIT_USER_ERROR
     except Exception as err:  # a bug: still one line, the traceback is one flag away
-        print(
+        _say(
             f"lnblocks: internal error ({type(err).__name__}): {_one_line(err)} "
-            "(rerun with --debug or LNBLOCKS_DEBUG=1 for the traceback)",
-            file=sys.stderr,
+            "(rerun with --debug or LNBLOCKS_DEBUG=1 for the traceback)"
         )
         return 1
 

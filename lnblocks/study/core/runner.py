@@ -26,6 +26,8 @@ from lnblocks.study.core.study_config import StudyConfig, load_study
 from lnblocks.study.core.tasks import Task, get_task
 
 EXECUTORS = ("local", "ray", "torchrun")
+EXIT_FAILED = 1  # some run failed or was stopped (its worker was sent SIGTERM): the rerun redoes or resumes it
+EXIT_FATAL = 2  # a run's checkpoints or record could not be written: no further run started, no report written
 
 
 def _executor_name(name: str, workers: int, ray_address: str | None) -> str:
@@ -154,18 +156,20 @@ def _run(
     with claim_out_dir(study, out, runs) as runs_dir:  # one study per folder, held until its report is written
         sweep = Sweep(study, task, out, runs_dir, runs, show, here)
         code = sweep.run(open_pool, how)
-        if code == preemption.EXIT_CODE or not report:
+        if code in (preemption.EXIT_CODE, EXIT_FATAL) or not report:  # a SIGTERM, or storage that cannot be written
             return code
         from lnblocks.study.core.report import build_report
 
-        return build_report(out, show_progress=show, open_executor=open_pool if report_pool else None) or code
+        built = build_report(out, show_progress=show, open_executor=open_pool if report_pool else None)
+        return code or built  # the sweep's own status first: a report of no finished run says 1
 
 
 class Sweep:
     """One pass over a study's pending runs in a claimed folder: each run is locked, trained on the pool, and its
     record written as it arrives; what failed, what another runner holds and what a SIGTERM stopped are counted.
-    ``run(open_pool)`` returns the exit code (0: every run has a record; 1: some run failed; 2: a run could not
-    write its checkpoints; 143: stopped by SIGTERM, ``core.preemption``)."""
+    ``run(open_pool)`` returns the exit code (0: every run has a record; 1: some run failed, or was stopped by a
+    SIGTERM sent to its worker alone; 2: a run's checkpoints or record could not be written; 143: this runner was
+    stopped by SIGTERM, ``core.preemption``)."""
 
     def __init__(
         self, study: StudyConfig, task: Task, out: Path, runs_dir: Path, runs: list[Any], show: bool, here: bool
@@ -252,7 +256,8 @@ class Sweep:
         wrong; its lock released."""
         try:
             if outcome.record is not None:
-                write_record(record_path(self.runs_dir, job.run_id), outcome.record)
+                if not self._write(job, outcome.record):
+                    return
                 if job.checkpoint_dir is not None and not job.run.checkpoint.keep_finished:
                     remove_folder(Path(job.checkpoint_dir))  # the record holds everything now
                 if self.tracking is not None and not self.live:
@@ -273,6 +278,19 @@ class Sweep:
             self.locks.pop(job.run_id).release()
             self.bar.update(1)
 
+    def _write(self, job: Job, record: Any) -> bool:
+        """Write ``job``'s record; a write that fails (a full disk) is fatal: one line naming the file, no further
+        run (its checkpoints, if any, are kept: the rerun resumes from them)."""
+        try:
+            write_record(record_path(self.runs_dir, job.run_id), record)
+        except OSError as err:
+            again = "resumes it from its newest checkpoint" if job.checkpoint_dir else "trains it again"
+            line = f"run {job.run_id}: its record could not be written ({err}); free space (or fix the folder) and "
+            self.fatal.append(f"{line}rerun the same command, which {again}")
+            self.bar.write(f"{job.run_id}: FAILED: {err}")
+            return False
+        return True
+
     def _stopped_by_sigterm(self) -> int:
         left = sum(1 for r in self.todo if check_record(self.runs_dir, r.run_id) is not None)  # no record yet
         print(
@@ -292,9 +310,15 @@ class Sweep:
                 f"with `lnblocks study report {self.out}` when it ends",
                 file=sys.stderr,
             )
+        for run_id in self.stopped:  # a SIGTERM to its worker, not to this runner: the sweep went on without it
+            print(
+                f"run {run_id} was stopped by a SIGTERM to its worker process and checkpointed there; rerun the same "
+                "command to resume it",
+                file=sys.stderr,
+            )
         for line in self.fatal:
-            print(f"lnblocks: error: {line}", file=sys.stderr)
-        return 2 if self.fatal else 1 if self.failed else 0
+            sys.stderr.write(f"lnblocks: error: {line}\n")
+        return EXIT_FATAL if self.fatal else EXIT_FAILED if self.failed or self.stopped else 0
 
 
 def _curves_of_finished(
