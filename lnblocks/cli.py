@@ -87,6 +87,12 @@ def _cmd_study_report(args: argparse.Namespace) -> int:
     return build_report(args.out, open_executor=lambda n: make_executor(min(args.workers, max(n, 1))))
 
 
+def _cmd_study_clean(args: argparse.Namespace) -> int:
+    from lnblocks.study.core.outdir import clean_study
+
+    return clean_study(args.out, remove=args.remove)
+
+
 def _workers(text: str) -> int:
     try:
         value = int(text)
@@ -148,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=_workers, default=1, help="worker processes for the init profiles it measures (default 1)"
     )
     report.set_defaults(func=_cmd_study_report)
+    tidy = study_sub.add_parser(
+        "clean",
+        parents=[debug],
+        help="list the checkpoints of runs that are no runs of the study in OUT now (left by a config changed "
+        "between a kill and its resume); --remove deletes them",
+    )
+    tidy.add_argument("out", help="a study output folder")
+    tidy.add_argument("--remove", action="store_true", help="delete them (refused while a runner uses OUT)")
+    tidy.set_defaults(func=_cmd_study_clean)
 
     data = sub.add_parser("data", parents=[debug], help="the data of a study: tokenize a corpus once")
     data_sub = data.add_subparsers(dest="data", required=True)

@@ -96,7 +96,9 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> A
     if job.checkpoint_dir is not None:
         from lnblocks.study.core.checkpoint import Checkpoints
 
-        checkpoints = Checkpoints(job.checkpoint_dir, job.run.checkpoint, job.run.digest, dist)
+        parallel = getattr(job.run, "parallel", None)  # a sharded run's layout (as the torchrun executor reads it)
+        layout = parallel.to_dict() if parallel is not None else None
+        checkpoints = Checkpoints(job.checkpoint_dir, job.run.checkpoint, job.run.digest, dist, layout)
     ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist, checkpoints)
     threads = torch.get_num_threads()
     tune_allocator()  # glibc keeps the step's big buffers instead of re-faulting them (docs/cluster.md)

@@ -18,10 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks.study.core import preemption
-from lnblocks.study.core.checkpoint import check_folder, checkpoint_folder, remove_folder
+from lnblocks.study.core.checkpoint_folders import (
+    check_folder,
+    checkpoint_folder,
+    orphans,
+    orphans_note,
+    remove_folder,
+    study_bases,
+    study_subfolder,
+)
 from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
 from lnblocks.study.core.outdir import RunLock, check_record, claim_out_dir, pending_runs, record_path
 from lnblocks.study.core.records import write_record
+from lnblocks.study.core.report import read_manifest
 from lnblocks.study.core.study_config import StudyConfig, load_study
 from lnblocks.study.core.tasks import Task, get_task
 
@@ -160,7 +169,8 @@ def _run(
             return code
         from lnblocks.study.core.report import build_report
 
-        built = build_report(out, show_progress=show, open_executor=open_pool if report_pool else None)
+        pool = open_pool if report_pool else None
+        built = build_report(out, show_progress=show, open_executor=pool, note_orphans=False)  # named at the start
         return code or built  # the sweep's own status first: a report of no finished run says 1
 
 
@@ -181,7 +191,9 @@ class Sweep:
         for line in self.problems:
             print(f"warning: {line}", file=sys.stderr)
         self.here = here
-        self.folders = _checkpoint_folders(self.todo, out)  # CheckpointError (exit 2) before anything trains
+        self.manifest = read_manifest(out)  # as claim_out_dir left it: its out_id names the study's checkpoints
+        subfolder = study_subfolder(self.manifest)
+        self.folders = _checkpoint_folders(self.todo, out, subfolder)  # CheckpointError (exit 2) before any training
         self.tracking = study.tracking if study.tracking.enabled else None
         self.live = False  # whether the pool's runs log their curves while they train (set by run)
         self.failed: list[tuple[str, str]] = []
@@ -227,6 +239,9 @@ class Sweep:
             f"-> {self.out}",
             flush=True,
         )
+        note = orphans_note(self.out, orphans(study_bases(self.out, self.manifest), ids))
+        if note is not None:
+            print(note, file=sys.stderr, flush=True)
         if self.study.tracking.enabled and self.done:
             todo = {r.run_id for r in self.todo}
             for line in _curves_of_finished(self.study, self.task, self.out, self.runs_dir, self.runs, todo):
@@ -259,7 +274,7 @@ class Sweep:
                 if not self._write(job, outcome.record):
                     return
                 if job.checkpoint_dir is not None and not job.run.checkpoint.keep_finished:
-                    remove_folder(Path(job.checkpoint_dir))  # the record holds everything now
+                    remove_folder(Path(job.checkpoint_dir), job.run.checkpoint.dir)  # the record holds it all
                 if self.tracking is not None and not self.live:
                     self.task.replay_curves(outcome.record, self.out, self.tracking)
                 self.bar.write(self.task.outcome(outcome.record))
@@ -350,15 +365,16 @@ def _curves_of_finished(
     return lines
 
 
-def _checkpoint_folders(todo: list[Any], out: Path) -> dict[str, Path]:
-    """The checkpoint folder of every pending run that asks for checkpoints (``run.checkpoint``), each checked to be
-    writable and to hold no checkpoint of another config or lnblocks format (one of another world size resumes,
-    resharded)."""
+def _checkpoint_folders(todo: list[Any], out: Path, subfolder: str | None) -> dict[str, Path]:
+    """The checkpoint folder of every pending run that asks for checkpoints (``run.checkpoint``;
+    ``core.checkpoint_folders``: ``subfolder`` is the study's own in a ``train.checkpoint.dir``), each checked to be
+    writable and to hold no checkpoint of another config or lnblocks format (one of another world size or layout
+    resumes, resharded)."""
     folders = {}
     for run in todo:
         cfg = getattr(run, "checkpoint", None)
         if cfg is not None:
-            folder = checkpoint_folder(cfg, out, run.run_id)
+            folder = checkpoint_folder(cfg.dir, out, run.run_id, subfolder)
             check_folder(folder, run.digest)
             folders[run.run_id] = folder
     return folders
