@@ -139,6 +139,11 @@ def run_study(
             return 0
         # the report's own jobs run on rank 0 alone: the other ranks stop serving when the runs are done
         return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", report_pool=False)
+    except BaseException as err:  # reaches every rank, none left waiting in a collective (core.torchrun)
+        raised = ddp.failed(err)
+        if raised is err:
+            raise
+        raise raised from err
     finally:
         ddp.close()
 
