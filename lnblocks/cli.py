@@ -87,6 +87,12 @@ def _cmd_study_report(args: argparse.Namespace) -> int:
     return build_report(args.out, open_executor=lambda n: make_executor(min(args.workers, max(n, 1))))
 
 
+def _cmd_study_clean(args: argparse.Namespace) -> int:
+    from lnblocks.study.core.outdir import clean_study
+
+    return clean_study(args.out, remove=args.remove)
+
+
 def _workers(text: str) -> int:
     try:
         value = int(text)
@@ -148,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=_workers, default=1, help="worker processes for the init profiles it measures (default 1)"
     )
     report.set_defaults(func=_cmd_study_report)
+    tidy = study_sub.add_parser(
+        "clean",
+        parents=[debug],
+        help="list the checkpoints of runs that are no runs of the study in OUT now (left by a config changed "
+        "between a kill and its resume); --remove deletes them",
+    )
+    tidy.add_argument("out", help="a study output folder")
+    tidy.add_argument("--remove", action="store_true", help="delete them (refused while a runner uses OUT)")
+    tidy.set_defaults(func=_cmd_study_clean)
 
     data = sub.add_parser("data", parents=[debug], help="the data of a study: tokenize a corpus once")
     data_sub = data.add_subparsers(dest="data", required=True)
@@ -178,6 +193,13 @@ def _one_line(err: BaseException) -> str:
     return text
 
 
+def _say(line: str) -> None:
+    """``line`` on stderr in one write (``print`` makes two: the text, then the newline), so the lines of several
+    processes sharing a stderr (the ranks of a torchrun job) never run into each other."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = getattr(args, "debug", False) or os.environ.get("LNBLOCKS_DEBUG", "") not in ("", "0")
@@ -186,16 +208,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("lnblocks: interrupted", file=sys.stderr)
+        _say("lnblocks: interrupted")
         return 130
     except USER_ERRORS as err:
-        print(f"lnblocks: error: {_one_line(err)}", file=sys.stderr)
+        _say(f"lnblocks: error: {_one_line(err)}")
         return EXIT_USER_ERROR
     except Exception as err:  # a bug: still one line, the traceback is one flag away
-        print(
+        _say(
             f"lnblocks: internal error ({type(err).__name__}): {_one_line(err)} "
-            "(rerun with --debug or LNBLOCKS_DEBUG=1 for the traceback)",
-            file=sys.stderr,
+            "(rerun with --debug or LNBLOCKS_DEBUG=1 for the traceback)"
         )
         return 1
 

@@ -7,7 +7,8 @@ reader sees the old file or the complete new one, never half of one. ``write_jso
 writes strict JSON that way (``NaN`` refused: callers store non-finite numbers as ``null`` with ``finite_or_null``).
 Every other temporary file of lnblocks (the corpus cache's token files) takes its name from ``tmp_path`` too, so
 ``remove_stale_tmp`` can delete exactly the temp files of lnblocks processes that no longer run: any other file, a
-user's ``.notes.tmp-old`` included, is never touched.
+user's ``.notes.tmp-old`` included, is never touched. A write that fails (a full disk, a folder that went away)
+raises ``OSError`` naming the file it was writing (``naming``): ``write()`` alone says ``[Errno 28]`` and no path.
 """
 
 from __future__ import annotations
@@ -57,19 +58,31 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1, allow_nan=False))  # dumps fails before anything is written
 
 
+def naming(err: OSError, path: str | Path) -> OSError:
+    """``err`` as an ``OSError`` of the same errno (and subclass) naming ``path``, the file being written: what
+    ``write()`` and ``fsync()`` raise on a full disk names no file."""
+    if err.filename == str(path):
+        return err
+    return OSError(err.errno, err.strerror or str(err), str(path))
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (as given: no newline translation), creating its folder if needed."""
+    """Write ``text`` to ``path`` atomically (as given: no newline translation), creating its folder if needed; an
+    ``OSError`` names ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_path(path)
     try:
-        with open(tmp, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_path(path)
+        try:
+            with open(tmp, "w", newline="") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as err:
+        raise naming(err, path) from None
 
 
 def _pid_alive(pid: int) -> bool:

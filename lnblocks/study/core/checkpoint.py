@@ -5,8 +5,9 @@ task's (``Checkpoints.save(step, model, optimizer, state)`` / ``Checkpoints.load
 A run with ``train.checkpoint`` (``CheckpointConfig``) keeps its checkpoints in ``<dir>/<run id>/`` (``dir``
 defaults to ``OUT/checkpoints``), one folder per step::
 
-    step-000000120/  manifest.json   format, lnblocks and torch versions, the run's config digest, step, world size,
-                                     the steps it was resumed from, and every file's size and sha256
+    step-000000120/  manifest.json   format, lnblocks and torch versions, the run's config digest, step, world size
+                                     and sharding layout, the steps it was resumed from, and every file's size and
+                                     sha256
                      model.pt        one process: {"model", "optim"} as torch.distributed.checkpoint.state_dict's
                                      get_state_dict gives them (fully qualified names), in one torch.save file
                      model/          under torchrun: the same state through torch.distributed.checkpoint (DCP),
@@ -17,14 +18,17 @@ Either form resumes under any world size and layout (resharding): DCP reads its 
 sharded or plain state dict the new run's model and optimizer give, and a ``model.pt`` is loaded as a full state dict
 and sharded by ``set_state_dict``. A run resumed under another world size reads rank 0's ``state-0.pt`` on every rank
 (the task's state is the same on every rank; the RNG streams are rank 0's), and continues the uninterrupted run up to
-float reduction order rather than bit for bit (one line on stderr says so).
+float reduction order rather than bit for bit (one line on stderr says so); so does one resumed under another layout
+at the same world size (``train.parallel``: fsdp over 2 ranks, then tp over 2).
 
 A checkpoint is written into ``.step-<n>.tmp-<pid>/``, every file fsynced, the manifest written last, the folder
 fsynced and renamed into place, then the run's folder fsynced: a reader sees a complete checkpoint or none. A
-checkpoint whose manifest is unreadable or whose files do not match it (truncated, corrupted) is named on stderr
-and the previous one is used; one written for another config or by an incompatible lnblocks is refused
-(``CheckpointError``, before any run trains: ``check_folder``). A write that fails part-way (a full disk) removes its
-temporary folder and leaves the previous checkpoints as they were.
+checkpoint whose manifest is unreadable, whose files do not match it (truncated, corrupted) or which leaves out a
+file loading reads is named on stderr and the previous one is used (``core.checkpoint_manifest``); one written for
+another config or by an incompatible lnblocks is refused (``CheckpointError``, before any run trains:
+``check_folder``). Retention keeps the newest ``keep`` sound checkpoints: those found damaged go first, so a damaged
+newer one never costs the run the one it resumed from. A write that fails part-way (a full disk) removes its
+temporary folder and leaves the previous checkpoints as they were. Where the folders live: ``core.checkpoint_folders``.
 
 ``LNBLOCKS_CHECKPOINT_FAULT=<fault>@<n>`` makes this process fail on purpose, for the tests of the resume
 guarantee: ``kill-at-step@k`` (SIGKILL once k steps are done), ``kill-mid-write@n`` (SIGKILL after the model file of
@@ -36,12 +40,10 @@ fault fires on rank 0 only, and only in an attempt that did not resume (so a ret
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
+import pickle
 import random
-import re
 import shutil
 import signal
 import sys
@@ -52,29 +54,35 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks.config import Config, ConfigValueError, check_bool, check_float, check_int, check_str
+from lnblocks.study.core.checkpoint_folders import check_folder
+from lnblocks.study.core.checkpoint_manifest import (
+    FORMAT,
+    CheckpointError,
+    file_sha256,
+    problem,
+    read_manifest,
+    resume_note,
+    step_dirs,
+)
 from lnblocks.study.core.dist import DistContext
 
-FORMAT = "lnblocks.checkpoint/1"
+__all__ = ["FORMAT", "CheckpointConfig", "CheckpointError", "Checkpoints", "check_folder", "file_sha256"]
+
 FAULT_ENV = "LNBLOCKS_CHECKPOINT_FAULT"
 FAULTS = (
     "kill-at-step", "kill-mid-write", "kill-before-rename", "kill-after-save", "enospc-mid-write",
     "term-at-step", "term-parent-at-step",
 )  # fmt: skip
-_STEP = re.compile(r"^step-(\d{9})$")
-_CHUNK = 1 << 24
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be used or written; the message is one line naming the folder."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig(Config):
     """``train.checkpoint``: a checkpoint every ``every`` steps and/or every ``every_s`` seconds (at the end of the
-    step where the time is up), the newest ``keep`` kept, in ``dir/<run id>/`` (default ``OUT/checkpoints``: set
-    ``dir`` to storage every worker reaches when Ray workers do not share the driver's disk). A finished run's
-    checkpoints are removed once its record is written, unless ``keep_finished``. How a run is checkpointed never
-    changes its record, so this section is not part of the run's id."""
+    step where the time is up), the newest ``keep`` kept, in ``dir/<study>-<out id>/<run id>/`` (default
+    ``OUT/checkpoints/<run id>/``: set ``dir`` to storage every worker reaches when Ray workers do not share the
+    driver's disk; ``core.checkpoint_folders``). A finished run's checkpoints are removed once its record is
+    written, unless ``keep_finished``. How a run is checkpointed never changes its record, so this section is not
+    part of the run's id."""
 
     every: int | None = None
     every_s: float | None = None
@@ -94,89 +102,12 @@ class CheckpointConfig(Config):
             )
 
 
-def checkpoint_folder(cfg: CheckpointConfig, out_dir: str | os.PathLike[str], run_id: str) -> Path:
-    """The absolute folder of one run's checkpoints: ``<cfg.dir or OUT/checkpoints>/<run id>``."""
-    base = Path(os.path.expanduser(cfg.dir)) if cfg.dir else Path(out_dir) / "checkpoints"
-    return (base / run_id).absolute()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _step_dirs(folder: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every checkpoint folder in ``folder``, newest first."""
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
-    return sorted(found, reverse=True)
-
-
-def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        obj = json.loads((path / "manifest.json").read_text())
-    except FileNotFoundError:
-        return None, "no manifest.json"
-    except (OSError, ValueError) as err:
-        return None, f"manifest.json unreadable ({err})"
-    if not isinstance(obj, dict) or not isinstance(obj.get("format"), str):
-        return None, "manifest.json is not a checkpoint manifest"
-    return obj, None
-
-
-def _incompatible(path: Path, manifest: dict[str, Any], identity: str) -> str | None:
-    """Why the checkpoint at ``path`` belongs to another run or another lnblocks (None if it is this run's)."""
-    if manifest["format"] != FORMAT:
-        return (
-            f"checkpoint {path} has format {manifest['format']!r} (lnblocks {manifest.get('lnblocks', '?')}); this "
-            f"lnblocks reads {FORMAT!r}: resume with that lnblocks, or remove {path.parent} to start the run over"
-        )
-    if manifest.get("identity") != identity:
-        return (
-            f"checkpoint {path} was written for another run config (digest {str(manifest.get('identity'))[:12]}, "
-            f"this run's is {identity[:12]}): remove {path.parent} or point train.checkpoint.dir elsewhere"
-        )
-    return None
-
-
-def check_folder(folder: Path, identity: str) -> None:
-    """Before any run trains (the driver): create ``folder`` and check it is writable and that no checkpoint in it
-    belongs to another run config or lnblocks format; ``CheckpointError`` otherwise (a checkpoint of any world size
-    resumes, resharded)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise CheckpointError(
-            f"train.checkpoint: the checkpoint folder {folder} is not writable ({err.strerror or err}); "
-            "set train.checkpoint.dir to a writable folder"
-        ) from None
-    for _, path in _step_dirs(folder):
-        manifest, _ = _read_manifest(path)
-        why = None if manifest is None else _incompatible(path, manifest, identity)
-        if why is not None:
-            raise CheckpointError(f"train.checkpoint: {why}")
-
-
-def remove_folder(folder: Path) -> None:
-    """Remove a finished run's checkpoints (and ``checkpoints/`` itself once it is empty)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):  # not empty: other runs' checkpoints
-        folder.parent.rmdir()
 
 
 # ---- the process's RNGs ------------------------------------------------------------------------------------------
@@ -228,11 +159,21 @@ class Checkpoints:
     picks the newest valid one (or None), ``load(step, model, optimizer)`` restores the model, the optimizer and the
     process's RNGs and returns the task's state, ``due(steps_done)`` says whether to save now, and ``save(...)``
     writes one. ``resumed_from``: the steps this run has been resumed from, oldest first. Under torchrun every rank
-    makes the same calls (the writes and the decisions are collective; rank 0 validates and decides)."""
+    makes the same calls (the writes and the decisions are collective; rank 0 validates and decides). ``layout``:
+    how the run is sharded (its ``train.parallel`` as a dict; None for DDP or one process), recorded in each
+    manifest so a resume under another layout says it is not bit for bit."""
 
-    def __init__(self, folder: str | os.PathLike[str], cfg: CheckpointConfig, identity: str, dist: DistContext):
-        self.folder, self.cfg, self.identity, self.dist = Path(folder), cfg, identity, dist
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        cfg: CheckpointConfig,
+        identity: str,
+        dist: DistContext,
+        layout: dict[str, Any] | None = None,
+    ) -> None:
+        self.folder, self.cfg, self.identity, self.dist, self.layout = Path(folder), cfg, identity, dist, layout
         self.resumed_from: list[int] = []
+        self._damaged: set[str] = set()  # the step folders latest() found damaged: retention removes them first
         self._saves = 0
         self._last_save = time.monotonic()
         self._fault = _parse_fault(os.environ.get(FAULT_ENV))
@@ -273,45 +214,36 @@ class Checkpoints:
         if self.dist.is_main:
             for tmp in self.folder.glob(".step-*.tmp-*") if self.folder.is_dir() else ():
                 shutil.rmtree(tmp, ignore_errors=True)  # the run's lock is held: no writer is alive
-            for n, path in _step_dirs(self.folder):
-                why = self._problem(path, n)
+            for n, path in step_dirs(self.folder):
+                why = problem(path, n, self.identity)
                 if why is None:
                     step = n
                     break
+                self._damaged.add(path.name)
                 print(f"warning: checkpoint {path} is damaged ({why}); trying the one before it", file=sys.stderr)
         return self._broadcast(step)
 
-    def _problem(self, path: Path, step: int) -> str | None:
-        manifest, why = _read_manifest(path)
-        if manifest is None:
-            return why
-        bad = _incompatible(path, manifest, self.identity)
-        if bad is not None:
-            raise CheckpointError(f"train.checkpoint: {bad}")
-        files = manifest.get("files")
-        if manifest.get("step") != step or not isinstance(files, dict) or not files:
-            return "its manifest does not describe this step"
-        for rel, want in files.items():
-            f = path / rel
-            if not isinstance(want, dict) or ".." in Path(rel).parts:
-                return f"its manifest's entry for {rel!r} is malformed"
-            if not f.is_file():
-                return f"{rel} is missing"
-            if f.stat().st_size != want.get("bytes"):
-                return f"{rel} has {f.stat().st_size:,} bytes, the manifest says {want.get('bytes')}"
-            if file_sha256(f) != want.get("sha256"):
-                return f"{rel} does not match its sha256"
-        return None
-
     def load(self, step: int, model: Any, optimizer: Any) -> dict[str, Any]:
         """Restore ``model`` and ``optimizer`` (in place) and the process's RNGs from the checkpoint of ``step``;
-        return the task's state."""
+        return the task's state. A load that fails anyway (a file that changed since it was checked) is a
+        ``CheckpointError`` naming the checkpoint, not a traceback."""
+        path = self.folder / f"step-{step:09d}"
+        manifest, _ = read_manifest(path)
+        assert manifest is not None
+        try:
+            return self._load(path, manifest, model, optimizer)
+        except (OSError, RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise CheckpointError(
+                f"train.checkpoint: loading {path} failed ({type(err).__name__}: {' '.join(str(err).split())[:300]}); "
+                f"remove it to resume from the checkpoint before it"
+            ) from None
+
+    def _load(self, path: Path, manifest: dict[str, Any], model: Any, optimizer: Any) -> dict[str, Any]:
         import torch
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-        path = self.folder / f"step-{step:09d}"
-        manifest, _ = _read_manifest(path)
-        assert manifest is not None
         options = None
         if manifest.get("writer") == "dcp":  # into this run's (sharded or plain) state dict: DCP reshards
             import torch.distributed.checkpoint as dcp
@@ -326,17 +258,13 @@ class Checkpoints:
             options = StateDictOptions(full_state_dict=True) if self.dist.enabled else None
         set_state_dict(model, optimizer, model_state_dict=payload["model"], optim_state_dict=payload["optim"],
                        options=options)  # fmt: skip
-        same = manifest.get("world_size") == self.dist.world_size
-        if not same and self.dist.is_main:
-            print(
-                f"note: checkpoint {path} was written by {manifest.get('world_size')} process(es), this run has "
-                f"{self.dist.world_size}: resharded; it continues up to float reduction order, not bit for bit",
-                file=sys.stderr,
-            )
-        rank = self.dist.rank if same else 0
+        note = resume_note(path, manifest, self.dist.world_size, self.layout)
+        if note is not None and self.dist.is_main:
+            print(note, file=sys.stderr)
+        rank = self.dist.rank if note is None else 0  # resharded: every rank continues rank 0's streams
         saved = torch.load(path / f"state-{rank}.pt", map_location="cpu", weights_only=True)
         set_rng_state(saved["rng"])
-        self.resumed_from = [*manifest.get("resumed_from", []), step]
+        self.resumed_from = [*manifest.get("resumed_from", []), manifest["step"]]
         if manifest.get("torch") != torch.__version__ and self.dist.is_main:
             print(
                 f"warning: checkpoint {path} was written with torch {manifest.get('torch')}, this is "
@@ -395,21 +323,33 @@ class Checkpoints:
                 if final.exists():  # a damaged checkpoint of the same step from an earlier attempt
                     shutil.rmtree(final)
                 os.rename(tmp, final)
+                self._damaged.discard(final.name)
                 _fsync_dir(self.folder)
-                for _, old in _step_dirs(self.folder)[self.cfg.keep :]:
-                    shutil.rmtree(old, ignore_errors=True)
+                self._prune()
                 self._inject("kill-after-save", self._saves)
             self._barrier()
         except OSError as err:
             if self.dist.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            previous = [n for n, _ in _step_dirs(self.folder)]
+            previous = [n for n, path in step_dirs(self.folder) if path.name not in self._damaged]
             kept = f"its checkpoint of step {previous[0]} is intact" if previous else "it has no earlier checkpoint"
             raise CheckpointError(
                 f"train.checkpoint: writing {final} failed ({err.strerror or err}); the run stops here and {kept}: "
                 "free space (or fix the folder) and rerun the same command to resume"
             ) from None
         self._last_save = time.monotonic()
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep`` checkpoints that are not known to be damaged; the damaged ones go first. Every
+        other one is this attempt's own (sound when sealed), the one it resumed from (checked), or older than
+        that (unchecked, kept only while fewer than ``keep`` newer ones exist)."""
+        kept = 0
+        for _, path in step_dirs(self.folder):  # newest first
+            if path.name in self._damaged or kept >= self.cfg.keep:
+                shutil.rmtree(path, ignore_errors=True)
+                self._damaged.discard(path.name)
+            else:
+                kept += 1
 
     def _seal(self, tmp: Path, step: int, torch_version: str) -> None:
         """Write the manifest (every file's size and sha256) last, and fsync the folders."""
@@ -430,6 +370,7 @@ class Checkpoints:
             "identity": self.identity,
             "step": step,
             "world_size": self.dist.world_size,
+            "layout": self.layout,
             "writer": "dcp" if self.dist.enabled else "torch.save",
             "resumed_from": self.resumed_from,
             "files": files,

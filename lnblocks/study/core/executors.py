@@ -96,7 +96,9 @@ def train_job(job: Job, position: int = 0, dist: DistContext | None = None) -> A
     if job.checkpoint_dir is not None:
         from lnblocks.study.core.checkpoint import Checkpoints
 
-        checkpoints = Checkpoints(job.checkpoint_dir, job.run.checkpoint, job.run.digest, dist)
+        parallel = getattr(job.run, "parallel", None)  # a sharded run's layout (as the torchrun executor reads it)
+        layout = parallel.to_dict() if parallel is not None else None
+        checkpoints = Checkpoints(job.checkpoint_dir, job.run.checkpoint, job.run.digest, dist, layout)
     ctx = RunContext(job.show, position, job.out_dir, job.tracking, dist, checkpoints)
     threads = torch.get_num_threads()
     tune_allocator()  # glibc keeps the step's big buffers instead of re-faulting them (docs/cluster.md)
@@ -171,8 +173,20 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _worker_main(conn: Any, parent_pid: int, position: int) -> None:
+    """A pool worker: train each job the runner sends until it sends None. A SIGTERM (from Slurm, forwarded by the
+    runner, or sent to this worker alone) stops it: a run that checkpoints writes one at its next step and stops,
+    and the worker then exits instead of taking another job (whose run would stop at its first step); idle, or
+    training a run without checkpoints, it exits at once. The runner replaces a worker that exits, unless it is
+    stopping itself."""
     _die_with_parent(parent_pid)
-    preemption.install()  # SIGTERM (from Slurm, or forwarded by the runner): checkpoint at the next step and stop
+    preemption.install()
+    now: dict[str, Any] = {"phase": "wait", "job": None}  # waiting for a job, training one, or sending its outcome
+
+    def end_unless_checkpointing() -> None:
+        if now["phase"] == "wait" or (now["phase"] == "train" and now["job"].checkpoint_dir is None):
+            raise SystemExit(preemption.EXIT_CODE)  # nothing to save: the signal's default meaning
+
+    preemption.on_sigterm(end_unless_checkpointing)
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -181,7 +195,14 @@ def _worker_main(conn: Any, parent_pid: int, position: int) -> None:
             return
         if job is None:
             return
-        conn.send(("done", execute(job, position)))
+        now.update(phase="train", job=job)
+        outcome = execute(job, position)
+        now["phase"] = "send"  # a message cut in half would be worse than a late stop
+        if preemption.requested():  # asked to stop: its run checkpointed and stopped; it takes no other job
+            conn.send(("last", outcome))  # the runner hands this worker nothing more and replaces it
+            return
+        conn.send(("done", outcome))
+        now.update(phase="wait", job=None)
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -202,6 +223,7 @@ class _Worker:
     position: int
     ready: bool = False
     job: Job | None = None
+    ending: bool = False  # it sent its last outcome and exits (it was asked to stop)
 
 
 class LocalProcessExecutor:
@@ -261,7 +283,7 @@ class LocalProcessExecutor:
                             ),
                         )
                         w.job = None
-                    elif not w.ready:
+                    elif not w.ready and not w.ending:
                         startup_failures += 1
                         if startup_failures >= MAX_STARTUP_FAILURES:
                             raise RuntimeError(
@@ -287,7 +309,9 @@ class LocalProcessExecutor:
                 kind, payload = w.conn.recv()
                 if kind == "ready":
                     w.ready = True
-                elif kind == "done" and w.job is not None:
+                elif kind in ("done", "last") and w.job is not None:
+                    if kind == "last":  # the worker exits now: no job for it
+                        w.ready, w.ending = False, True
                     job, w.job = w.job, None
                     on_result(job, payload)
         except (EOFError, OSError):

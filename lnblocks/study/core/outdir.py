@@ -1,7 +1,8 @@
 """A study's output folder ``OUT``: its layout, which runs are still to do, who may use it, and the lock a runner
 holds on a run while it trains it.
 
-``OUT/study.json`` (the manifest: the resolved study and its run ids, written by ``claim_out_dir``),
+``OUT/study.json`` (the manifest: the resolved study, its run ids and the folder's ``out_id``, written by
+``claim_out_dir``),
 ``OUT/runs/<run id>.json`` (one ``RunRecord`` per finished run), ``OUT/runs/<run id>.lock`` (held while a runner
 trains that run: two runners on one folder never train the same run), and whatever the task's report writes. A
 record is written only when its run ends (atomically), so a killed run leaves no partial result: the next runner
@@ -20,13 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lnblocks.study.core.atomic import remove_stale_tmp, write_json_atomic
+from lnblocks.study.core.checkpoint_folders import folder_bytes, gib, orphans, study_bases, user_dir
+from lnblocks.study.core.checkpoint_manifest import step_dirs
 from lnblocks.study.core.records import RecordError, read_json
 from lnblocks.study.core.tasks import read_record
 
@@ -45,9 +50,14 @@ def record_path(runs_dir: Path, run_id: str) -> Path:
 
 def manifest_of(study: StudyConfig, runs: list[Any] | None = None) -> dict[str, Any]:
     """What ``study.json`` holds for ``study``: its manifest form and its run ids (of ``runs``, the study's runs as
-    the task resolved them, ``Task.resolve_runs``; default ``study.runs()``)."""
+    the task resolved them, ``Task.resolve_runs``; default ``study.runs()``), and the ``train.checkpoint.dir``
+    folders its runs name (``checkpoint_dirs``, when any: ``core.checkpoint_folders``). ``claim_out_dir`` adds the
+    folder's ``out_id``."""
     runs = study.runs() if runs is None else runs
     manifest = {**study.to_dict(), "run_ids": [r.run_id for r in runs]}
+    dirs = {user_dir(getattr(getattr(r, "checkpoint", None), "dir", None)) for r in runs} - {None}
+    if dirs:
+        manifest["checkpoint_dirs"] = sorted(str(d) for d in dirs)
     return json.loads(json.dumps(manifest, allow_nan=False))  # as it reads back from the file
 
 
@@ -69,11 +79,12 @@ def _describe(manifest: dict[str, Any]) -> str:
     return f"{manifest.get('name')!r}{source}"
 
 
-def _check_manifest(path: Path, new: dict[str, Any], others_running: bool) -> None:
+def _check_manifest(path: Path, new: dict[str, Any], others_running: bool) -> dict[str, Any]:
     """Refuse to write ``new`` over the manifest at ``path`` when it is another study's, or another version of the
-    study a runner is running now; a damaged manifest is named (and rewritten by the caller)."""
+    study a runner is running now; a damaged manifest is named (and rewritten by the caller). Returns the manifest
+    there ({} when there is none, or it is damaged)."""
     if not path.exists():
-        return
+        return {}
     try:
         old = read_json(path, "study manifest")
         if not isinstance(old, dict):
@@ -82,17 +93,24 @@ def _check_manifest(path: Path, new: dict[str, Any], others_running: bool) -> No
         if others_running:
             raise ValueError(f"{err}; another runner is using {path.parent}: wait for it to end") from None
         print(f"warning: {err}; it is rewritten", file=sys.stderr)
-        return
+        return {}
     if (old.get("name"), old.get("task")) != (new.get("name"), new.get("task")):
         raise ValueError(
             f"{path.parent} holds the study {_describe(old)}, not {_describe(new)}: give another --out (or remove "
             f"{path} to reuse the folder)"
         )
-    if others_running and old != new:
+    if others_running and {k: v for k, v in old.items() if k != "out_id"} != new:
         raise ValueError(
             f"another runner is training a different version of the study {_describe(new)} in {path.parent} "
             "(other --set values or an edited file): wait for it to end or give another --out"
         )
+    return old
+
+
+def _with_out_id(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with the folder's ``out_id``: the old manifest's, else a new random one (made once per folder)."""
+    out_id = old.get("out_id")
+    return {**new, "out_id": out_id if isinstance(out_id, str) and out_id else uuid.uuid4().hex[:12]}
 
 
 @contextmanager
@@ -104,17 +122,17 @@ def claim_out_dir(study: StudyConfig, out: Path, runs: list[Any] | None = None) 
     new = manifest_of(study, runs)
     runners: int | None = None
     if fcntl is None:  # pragma: no cover - not POSIX: the manifest check only
-        _check_manifest(out / "study.json", new, others_running=False)
-        write_json_atomic(out / "study.json", new)
+        old = _check_manifest(out / "study.json", new, others_running=False)
+        write_json_atomic(out / "study.json", _with_out_id(new, old))
     else:
         mutex = _flock(out / ".study.lock", fcntl.LOCK_EX, block=True)  # held for the few lines below only
         try:
             alone = _flock(out / ".runners.lock", fcntl.LOCK_EX, block=False)
             if alone is not None:
                 os.close(alone)  # no runner uses out, and none can start while we hold the mutex
-            _check_manifest(out / "study.json", new, others_running=alone is None)
+            old = _check_manifest(out / "study.json", new, others_running=alone is None)
             if alone is not None:
-                write_json_atomic(out / "study.json", new)
+                write_json_atomic(out / "study.json", _with_out_id(new, old))
             runners = _flock(out / ".runners.lock", fcntl.LOCK_SH, block=True)
         finally:
             assert mutex is not None
@@ -185,3 +203,54 @@ class RunLock:
                 self.path.unlink()
             os.close(self.fd)
             self.fd = None
+
+
+def clean_study(out: str | Path, remove: bool = False) -> int:
+    """``lnblocks study clean OUT``: list the checkpoint folders in the study's checkpoint folders whose run is no
+    run of the study now (orphans of an earlier config, ``core.checkpoint_folders``), each with its size and steps;
+    ``remove``: delete them, refused while a runner uses ``OUT`` (none can start meanwhile). Returns 0."""
+    from lnblocks.study.core.report import read_manifest
+
+    out = Path(out)
+    manifest = read_manifest(out)
+    bases = study_bases(out, manifest)
+    found = orphans(bases, set(manifest["run_ids"]))
+    if not found:
+        print(f"{out}: no orphaned checkpoints (every folder in {', '.join(map(str, bases))} is a run of the study)")
+        return 0
+    held = _hold_alone(out) if remove else None
+    try:
+        total = 0
+        for folder in found:
+            size, steps = folder_bytes(folder), [n for n, _ in step_dirs(folder)][::-1]
+            total += size
+            if remove:
+                shutil.rmtree(folder)
+            what = "removed" if remove else "orphan"
+            print(f"{what}: {folder} ({gib(size)}; checkpoints of steps {steps or 'none'})")
+        if remove:
+            for base in bases:
+                with suppress(OSError):  # the study's own folders, once empty
+                    base.rmdir()
+        tail = "removed" if remove else f"`lnblocks study clean {out} --remove` deletes them"
+        print(f"{len(found)} orphaned checkpoint folder(s), {gib(total)}: {tail}")
+    finally:
+        if held is not None:
+            os.close(held)
+    return 0
+
+
+def _hold_alone(out: Path) -> int | None:
+    """The exclusive runners lock of ``out`` (no runner uses it, none starts until it is closed); ``ValueError``
+    while a runner uses it. None where there is no locking."""
+    if fcntl is None:  # pragma: no cover - not POSIX
+        return None
+    mutex = _flock(out / ".study.lock", fcntl.LOCK_EX, block=True)
+    try:
+        held = _flock(out / ".runners.lock", fcntl.LOCK_EX, block=False)
+    finally:
+        assert mutex is not None
+        os.close(mutex)
+    if held is None:
+        raise ValueError(f"a runner is using {out}: remove its orphaned checkpoints once it ends")
+    return held

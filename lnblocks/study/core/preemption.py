@@ -6,6 +6,11 @@ ending the process. A run that checkpoints sees it at its next step: it writes a
 forwards the signal to its workers, starts no further run, writes no report and exits with 143 (128 + SIGTERM) after
 one line. docs/long-runs.md, "Resume on every executor".
 
+A SIGTERM sent to one worker of a pool alone (a user's ``kill <pid>``, an out-of-memory daemon) stops that worker:
+its run checkpoints and stops as above (a run without checkpoints, or an idle worker, ends at once), the worker
+exits, and the runner starts another in its place and goes on; the stopped run counts as unfinished in the exit
+status (1), and the rerun resumes it.
+
 Under torchrun and Ray the signal keeps its default meaning (those runs lose at most ``every`` / ``every_s``): their
 ranks would have to agree on the step to stop at, a collective every step.
 """
@@ -54,6 +59,13 @@ def requested() -> bool:
     return _state["requested"]
 
 
+def on_sigterm(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` in the signal handler when a SIGTERM arrives here (after the flag is set; it may raise, to
+    end the process: a worker with nothing to checkpoint); returns the function that removes it."""
+    _forwarders.append(callback)
+    return lambda: _forwarders.remove(callback)
+
+
 def forward_to(pids: Callable[[], list[int]]) -> Callable[[], None]:
     """Send SIGTERM on to the processes ``pids()`` names when one arrives here (a pool's busy workers); returns the
     function that stops forwarding."""
@@ -63,8 +75,7 @@ def forward_to(pids: Callable[[], list[int]]) -> Callable[[], None]:
             with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                 os.kill(pid, signal.SIGTERM)
 
-    _forwarders.append(forward)
-    return lambda: _forwarders.remove(forward)
+    return on_sigterm(forward)
 
 
 def reset() -> None:

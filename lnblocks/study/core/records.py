@@ -185,12 +185,19 @@ class RunRecord:
 
 
 def read_json(path: str | Path, what: str = "file") -> Any:
-    """Parse a JSON file of a study folder; an unreadable or truncated file raises ``RecordError`` naming it."""
+    """Parse a JSON file of a study folder; an unreadable, truncated or not UTF-8 file (one flipped byte) raises
+    ``RecordError`` naming it."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as err:
         raise RecordError(str(path), "", f"cannot be read ({err.strerror or err})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RecordError(
+            str(path), "", f"is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}): a corrupt {what}"
+        ) from None
     if not text.strip():
         raise RecordError(str(path), "", f"is empty (a {what} cut short)")
     try:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lnblocks.study.core.checkpoint_folders import orphans, orphans_note, study_bases
 from lnblocks.study.core.records import RecordError, RunRecord, read_json
 from lnblocks.study.core.tasks import get_task, read_record
 
@@ -72,15 +73,21 @@ def build_report(
     echo: bool = True,
     show_progress: bool | None = None,
     open_executor: Callable[[int], Any] | None = None,
+    note_orphans: bool = True,
 ) -> int:
     """Rebuild the report of the study in ``out_dir`` from its records (any task); 1 if there is no valid record.
     ``show_progress``: draw progress bars of the report's own work (default: when stderr is a terminal, as the
     runner's bars). ``open_executor(n)``: an executor for ``n`` jobs of the report's own (the lm task's init
-    profiles), e.g. the study's; None: the task computes them in this process."""
+    profiles), e.g. the study's; None: the task computes them in this process. ``note_orphans``: name the checkpoint
+    folders of runs that are no runs of the study now (``core.checkpoint_folders``; the runner names them when it
+    starts)."""
     out = Path(out_dir)
     records, manifest, problems = load_records(out)
     for line in problems:
         print(f"warning: {line}", file=sys.stderr)
+    note = orphans_note(out, orphans(study_bases(out, manifest), set(manifest["run_ids"]))) if note_orphans else None
+    if note is not None:
+        print(note, file=sys.stderr)
     if problems:
         print(
             f"warning: {len(problems)} of {len(problems) + len(records)} runs have no valid record; "

@@ -18,14 +18,25 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks.study.core import preemption
-from lnblocks.study.core.checkpoint import check_folder, checkpoint_folder, remove_folder
+from lnblocks.study.core.checkpoint_folders import (
+    check_folder,
+    checkpoint_folder,
+    orphans,
+    orphans_note,
+    remove_folder,
+    study_bases,
+    study_subfolder,
+)
 from lnblocks.study.core.executors import Executor, Job, Outcome, make_executor
 from lnblocks.study.core.outdir import RunLock, check_record, claim_out_dir, pending_runs, record_path
 from lnblocks.study.core.records import write_record
+from lnblocks.study.core.report import read_manifest
 from lnblocks.study.core.study_config import StudyConfig, load_study
 from lnblocks.study.core.tasks import Task, get_task
 
 EXECUTORS = ("local", "ray", "torchrun")
+EXIT_FAILED = 1  # some run failed or was stopped (its worker was sent SIGTERM): the rerun redoes or resumes it
+EXIT_FATAL = 2  # a run's checkpoints or record could not be written: no further run started, no report written
 
 
 def _executor_name(name: str, workers: int, ray_address: str | None) -> str:
@@ -128,6 +139,11 @@ def run_study(
             return 0
         # the report's own jobs run on rank 0 alone: the other ranks stop serving when the runs are done
         return _run(study, task, out, show, report, lambda todo: ddp, f" with {ddp.describe()}", report_pool=False)
+    except BaseException as err:  # reaches every rank, none left waiting in a collective (core.torchrun)
+        raised = ddp.failed(err)
+        if raised is err:
+            raise
+        raise raised from err
     finally:
         ddp.close()
 
@@ -154,18 +170,21 @@ def _run(
     with claim_out_dir(study, out, runs) as runs_dir:  # one study per folder, held until its report is written
         sweep = Sweep(study, task, out, runs_dir, runs, show, here)
         code = sweep.run(open_pool, how)
-        if code == preemption.EXIT_CODE or not report:
+        if code in (preemption.EXIT_CODE, EXIT_FATAL) or not report:  # a SIGTERM, or storage that cannot be written
             return code
         from lnblocks.study.core.report import build_report
 
-        return build_report(out, show_progress=show, open_executor=open_pool if report_pool else None) or code
+        pool = open_pool if report_pool else None
+        built = build_report(out, show_progress=show, open_executor=pool, note_orphans=False)  # named at the start
+        return code or built  # the sweep's own status first: a report of no finished run says 1
 
 
 class Sweep:
     """One pass over a study's pending runs in a claimed folder: each run is locked, trained on the pool, and its
     record written as it arrives; what failed, what another runner holds and what a SIGTERM stopped are counted.
-    ``run(open_pool)`` returns the exit code (0: every run has a record; 1: some run failed; 2: a run could not
-    write its checkpoints; 143: stopped by SIGTERM, ``core.preemption``)."""
+    ``run(open_pool)`` returns the exit code (0: every run has a record; 1: some run failed, or was stopped by a
+    SIGTERM sent to its worker alone; 2: a run's checkpoints or record could not be written; 143: this runner was
+    stopped by SIGTERM, ``core.preemption``)."""
 
     def __init__(
         self, study: StudyConfig, task: Task, out: Path, runs_dir: Path, runs: list[Any], show: bool, here: bool
@@ -177,7 +196,9 @@ class Sweep:
         for line in self.problems:
             print(f"warning: {line}", file=sys.stderr)
         self.here = here
-        self.folders = _checkpoint_folders(self.todo, out)  # CheckpointError (exit 2) before anything trains
+        self.manifest = read_manifest(out)  # as claim_out_dir left it: its out_id names the study's checkpoints
+        subfolder = study_subfolder(self.manifest)
+        self.folders = _checkpoint_folders(self.todo, out, subfolder)  # CheckpointError (exit 2) before any training
         self.tracking = study.tracking if study.tracking.enabled else None
         self.live = False  # whether the pool's runs log their curves while they train (set by run)
         self.failed: list[tuple[str, str]] = []
@@ -223,6 +244,9 @@ class Sweep:
             f"-> {self.out}",
             flush=True,
         )
+        note = orphans_note(self.out, orphans(study_bases(self.out, self.manifest), ids))
+        if note is not None:
+            print(note, file=sys.stderr, flush=True)
         if self.study.tracking.enabled and self.done:
             todo = {r.run_id for r in self.todo}
             for line in _curves_of_finished(self.study, self.task, self.out, self.runs_dir, self.runs, todo):
@@ -252,9 +276,10 @@ class Sweep:
         wrong; its lock released."""
         try:
             if outcome.record is not None:
-                write_record(record_path(self.runs_dir, job.run_id), outcome.record)
+                if not self._write(job, outcome.record):
+                    return
                 if job.checkpoint_dir is not None and not job.run.checkpoint.keep_finished:
-                    remove_folder(Path(job.checkpoint_dir))  # the record holds everything now
+                    remove_folder(Path(job.checkpoint_dir), job.run.checkpoint.dir)  # the record holds it all
                 if self.tracking is not None and not self.live:
                     self.task.replay_curves(outcome.record, self.out, self.tracking)
                 self.bar.write(self.task.outcome(outcome.record))
@@ -272,6 +297,19 @@ class Sweep:
         finally:
             self.locks.pop(job.run_id).release()
             self.bar.update(1)
+
+    def _write(self, job: Job, record: Any) -> bool:
+        """Write ``job``'s record; a write that fails (a full disk) is fatal: one line naming the file, no further
+        run (its checkpoints, if any, are kept: the rerun resumes from them)."""
+        try:
+            write_record(record_path(self.runs_dir, job.run_id), record)
+        except OSError as err:
+            again = "resumes it from its newest checkpoint" if job.checkpoint_dir else "trains it again"
+            line = f"run {job.run_id}: its record could not be written ({err}); free space (or fix the folder) and "
+            self.fatal.append(f"{line}rerun the same command, which {again}")
+            self.bar.write(f"{job.run_id}: FAILED: {err}")
+            return False
+        return True
 
     def _stopped_by_sigterm(self) -> int:
         left = sum(1 for r in self.todo if check_record(self.runs_dir, r.run_id) is not None)  # no record yet
@@ -292,9 +330,15 @@ class Sweep:
                 f"with `lnblocks study report {self.out}` when it ends",
                 file=sys.stderr,
             )
+        for run_id in self.stopped:  # a SIGTERM to its worker, not to this runner: the sweep went on without it
+            print(
+                f"run {run_id} was stopped by a SIGTERM to its worker process and checkpointed there; rerun the same "
+                "command to resume it",
+                file=sys.stderr,
+            )
         for line in self.fatal:
-            print(f"lnblocks: error: {line}", file=sys.stderr)
-        return 2 if self.fatal else 1 if self.failed else 0
+            sys.stderr.write(f"lnblocks: error: {line}\n")
+        return EXIT_FATAL if self.fatal else EXIT_FAILED if self.failed or self.stopped else 0
 
 
 def _curves_of_finished(
@@ -326,15 +370,16 @@ def _curves_of_finished(
     return lines
 
 
-def _checkpoint_folders(todo: list[Any], out: Path) -> dict[str, Path]:
-    """The checkpoint folder of every pending run that asks for checkpoints (``run.checkpoint``), each checked to be
-    writable and to hold no checkpoint of another config or lnblocks format (one of another world size resumes,
-    resharded)."""
+def _checkpoint_folders(todo: list[Any], out: Path, subfolder: str | None) -> dict[str, Path]:
+    """The checkpoint folder of every pending run that asks for checkpoints (``run.checkpoint``;
+    ``core.checkpoint_folders``: ``subfolder`` is the study's own in a ``train.checkpoint.dir``), each checked to be
+    writable and to hold no checkpoint of another config or lnblocks format (one of another world size or layout
+    resumes, resharded)."""
     folders = {}
     for run in todo:
         cfg = getattr(run, "checkpoint", None)
         if cfg is not None:
-            folder = checkpoint_folder(cfg, out, run.run_id)
+            folder = checkpoint_folder(cfg.dir, out, run.run_id, subfolder)
             check_folder(folder, run.digest)
             folders[run.run_id] = folder
     return folders

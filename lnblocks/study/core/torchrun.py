@@ -4,9 +4,18 @@ DistributedDataParallel over all the ranks (gloo on CPU, nccl on GPU), or sharde
 
 Rank 0 is the driver: it runs the study's one run loop (``core.runner``) and hands each job to every rank with
 ``broadcast_object_list``, trains its own share, and writes the record; the other ranks only ``serve``: train each
-job they are handed until the driver says there is no more. A run that raises ends the whole torchrun job (DDP
-cannot go on with one rank out of step), so nothing here turns an exception into a failed record. Only a task
-that declares ``ddp=True`` runs here; its ``train`` reads the rank from ``RunContext.dist``.
+job they are handed until the driver says there is no more. Only a task that declares ``ddp=True`` runs here; its
+``train`` reads the rank from ``RunContext.dist``.
+
+A run that raises ends the whole torchrun job (DDP cannot go on with one rank out of step), so nothing here turns an
+exception into a failed record, and an error on one rank must never leave the others waiting (gloo waits 30 minutes
+in a collective whose peer went elsewhere). The driver stopping before or between jobs tells the other ranks, which
+wait for the next job, that none follows (they end with status 0). Any other error (one rank's own data, a bad
+environment variable on one node, an out-of-memory on one GPU) is posted to the job's store under this process
+group's token, the process group is dropped without a barrier, and the error ends that rank's process: its
+collectives' peers then fail at once (a closed connection; under torchrun, the agent also stops every rank once one
+exits with an error), and each of them, finding the posted message, stops with one line naming the rank and its
+error (``RankFailed``) instead of its own collective's failure.
 """
 
 from __future__ import annotations
@@ -58,6 +67,18 @@ def same_runs_on_every_rank(runs: list[Any]) -> None:
         check_ranks_agree(f"run {i + 1} of {len(runs)} of the study", fields(runs[i]))
 
 
+FAILURE_WAIT_S = 2.0  # how long a failing rank waits to see whether every rank failed with it
+
+
+class RankFailed(ValueError):
+    """Another rank of the torchrun job stopped with an error, so this one stops too; the message is that rank's
+    error in one line (a ``ValueError``: one line and exit status 2 from the CLI, as the error it reports)."""
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:2000] or type(err).__name__
+
+
 class TorchrunExecutor:
     """Every job trains on all ranks of this torchrun job; ``run``: a run of the study, whose ``device``
     (``"cpu"``, ``"cuda"``, ``"auto"``) picks the backend: gloo for ``"cpu"`` or without CUDA, else nccl."""
@@ -80,6 +101,9 @@ class TorchrunExecutor:
         self.backend = td.get_backend()
         self.run = run
         self._ended = False  # the driver has told the other ranks that no job follows
+        self._in_job = False  # the driver is training a job (the other ranks may be anywhere inside it)
+        self._aborted = False  # this rank left the process group without a barrier (an error)
+        self._store = self._failure_store()
         if runs is not None:
             try:
                 same_runs_on_every_rank(runs)
@@ -108,11 +132,13 @@ class TorchrunExecutor:
         """The driver's side: hand every job to all ranks, train it here too, report its record."""
         for job in jobs:
             self._next(job)
+            self._in_job = True
             try:
                 record = train_job(job, dist=self.dist)
-            except BaseException:  # every rank raised it (a check all ranks make): none waits for another job
+            except BaseException:  # the other ranks may be anywhere in this job: ``failed`` leaves without them
                 self._ended = True
                 raise
+            self._in_job = False
             on_result(job, Outcome(record=record))
         self._next(None)
         self._ended = True
@@ -122,11 +148,78 @@ class TorchrunExecutor:
         while (job := self._next(None)) is not None:
             train_job(job, dist=self.dist)
 
+    # -- an error on one rank
+    def _failure_store(self) -> Any:
+        """The job's key-value store under a token of this process group (rank 0's, broadcast: a restarted job or a
+        second study in one process starts clean), where a failing rank posts its error; None without one."""
+        import uuid
+
+        import torch.distributed as td
+
+        box = [uuid.uuid4().hex if self.is_driver else None]
+        td.broadcast_object_list(box, src=0)
+        try:
+            store = td.distributed_c10d._get_default_store()  # the store the process group was made with
+        except (AttributeError, RuntimeError, ValueError):  # no such store: errors are not relayed
+            return None
+        return td.PrefixStore(f"lnblocks/{box[0]}/", store)
+
+    def _posted(self) -> tuple[int, str] | None:
+        """The first other rank that posted an error of its own, and its message (None: none did)."""
+        if self._store is None:
+            return None
+        for rank in range(self.dist.world_size):
+            key = f"failed/{rank}"
+            if rank != self.dist.rank and self._store.check([key]):
+                kind, _, message = self._store.get(key).decode("utf-8", "replace").partition("\t")
+                if kind == "own":
+                    return rank, message
+        return None
+
+    def _post(self, err: BaseException, own: bool) -> None:
+        """Post this rank's error (``own``: its own, not another rank's seen through a collective) and, for its own,
+        wait up to ``FAILURE_WAIT_S`` for every other rank's: ranks that all fail at one check (a refused input)
+        each print their line before any leaves, while a rank that fails alone waits that long for nothing."""
+        import time
+
+        if self._store is None:
+            return
+        try:
+            self._store.set(f"failed/{self.dist.rank}", f"{'own' if own else 'via'}\t{_one_line(err)}")
+            others = [f"failed/{r}" for r in range(self.dist.world_size) if r != self.dist.rank]
+            deadline = time.monotonic() + FAILURE_WAIT_S
+            while own and time.monotonic() < deadline and not self._store.check(others):
+                time.sleep(0.05)
+        except Exception:  # the store is gone too: the others see the closed connection
+            pass
+
+    def failed(self, err: BaseException) -> BaseException:
+        """What this rank raises after ``err`` escaped the study: ``RankFailed`` when another rank's error caused
+        it (posted before that rank left), else ``err`` itself, posted for the others first. The driver stopping
+        outside a job keeps the process group: ``close`` tells the other ranks, waiting for a job, that none
+        follows. Otherwise this rank leaves the process group without a barrier (see the module docstring)."""
+        import torch.distributed as td
+
+        other = self._posted()
+        if other is None and self.is_driver and not self._in_job and not self._aborted:
+            return err
+        if not self._aborted:
+            self._post(err, own=other is None)
+        self._aborted = True
+        if td.is_initialized():
+            td.destroy_process_group()  # no barrier: the others are elsewhere
+        if other is None:
+            return err
+        rank, message = other
+        return RankFailed(f"rank {rank} of {self.dist.world_size} stopped with an error, so this rank stops: {message}")
+
     def close(self) -> None:
         import torch.distributed as td
 
-        if td.is_initialized():
-            if self.is_driver and not self._ended:  # the driver stopped before handing out jobs (a refused input)
+        if self._aborted or not td.is_initialized():
+            return
+        try:
+            if self.is_driver and not self._ended:  # the driver stopped outside a job: the others wait for one
                 self._next(None)
                 self._ended = True
             # free what still references the runs' sub-groups (a sharded run's mesh, model, optimizer: reference
@@ -134,4 +227,10 @@ class TorchrunExecutor:
             # abort the process (pytorch PR 179291 describes it)
             gc.collect()
             td.barrier()  # the driver may still be writing its report
-            td.destroy_process_group()
+        except Exception as err:  # a rank that failed meanwhile (its connection closed)
+            self._in_job = True  # whatever the others were doing: leave without them
+            raised = self.failed(err)
+            if raised is err:
+                raise
+            raise raised from err
+        td.destroy_process_group()

@@ -93,3 +93,35 @@ def test_a_sweep_in_this_process_leaves_the_sigterm_handler_as_it_was(long_study
     before = signal.getsignal(signal.SIGTERM)
     assert run_study(long_study, tmp_path, show_progress=False, report=False, overrides={"train.steps": 6}) == 0
     assert signal.getsignal(signal.SIGTERM) == before and not preemption.requested()
+
+
+def test_sigterm_to_one_worker_stops_its_run_only_and_counts_in_the_exit_status(
+    long_study: Path, tmp_path: Path
+) -> None:
+    """A SIGTERM to one worker of a pool (a user's ``kill <pid>``, an out-of-memory daemon), not to the runner: that
+    worker's run checkpoints and stops, the worker ends and another takes its place, so the runs after it train to
+    their last step (a worker left with its stop flag set stopped every later run at its first step); the stopped
+    run counts in the exit status (1, not 0) and the rerun resumes it."""
+    cfg = tmp_path / "grid.yaml"
+    cfg.write_text(
+        long_study.read_text()
+        + "grid:\n  run:\n    long: {train.steps: 24}\n"
+        + "".join(f"    short{i}: {{train.steps: 6, train.seed: {i}}}\n" for i in (1, 2, 3))
+    )
+    runs = {r.label_dict["run"]: r for r in load_study(cfg).runs()}
+    out = tmp_path / "out"
+    first = study_cli(cfg, out, "--workers", "2", *QUICK_REPORT, fault="term-at-step@7")  # the long run only
+    assert first.returncode == 1, first.stderr[-3000:]
+    long_id = runs["long"].run_id
+    assert (
+        f"run {long_id} was stopped by a SIGTERM to its worker process and checkpointed there; rerun the same "
+        "command to resume it" in first.stderr
+    ), first.stderr[-3000:]
+    assert steps_saved(out / "checkpoints" / long_id)[-1] == 8
+    for label in ("short1", "short2", "short3"):
+        rec = read_record(out / "runs" / f"{runs[label].run_id}.json")
+        assert rec.result.steps_done == 6 and rec.status == "finished", label
+    second = study_cli(cfg, out, "--workers", "2", *QUICK_REPORT)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rec = read_record(out / "runs" / f"{long_id}.json")
+    assert rec.env["resumed_from"] == [8] and rec.result.steps_done == STEPS

@@ -168,3 +168,30 @@ def test_corrupt_study_json_is_one_clear_line(tmp_path: Path) -> None:
         f"lnblocks: error: {out / 'study.json'}: is not valid JSON (Expecting value: line 1 column 27 (char 26)): "
         "a truncated or corrupt study manifest"
     )
+
+
+def test_a_non_utf8_byte_in_a_record_or_the_manifest_is_named_and_redone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One flipped byte (0xff) in a record or in ``study.json``: each file is named on stderr and the run redone
+    (the manifest rewritten), to the same numbers, instead of ``study run`` stopping at ``'utf-8' codec can't
+    decode``."""
+    study = study_from_dict({**ONE_RUN, "grid": {"train.seed": [0, 1]}})
+    out = tmp_path / "out"
+    assert run_study(study, out, show_progress=False, report=False) == 0
+    path = out / "runs" / f"{study.runs()[0].run_id}.json"
+    original = path.read_bytes()
+    path.write_bytes(original[:40] + b"\xff" + original[41:])
+    capsys.readouterr()
+    assert build_report(out, plots=False, echo=False) == 0  # from the other record
+    bad = f"{path}: is not UTF-8 text (byte 0xff at offset 40): a corrupt run record"
+    assert bad in capsys.readouterr().err
+    manifest = out / "study.json"
+    manifest.write_bytes(b"\xff" + manifest.read_bytes()[1:])
+    with pytest.raises(RecordError, match=r"study\.json: is not UTF-8 text"):
+        build_report(out, plots=False, echo=False)
+    assert run_study(study, out, show_progress=False, report=False) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {manifest}: is not UTF-8 text (byte 0xff at offset 0)" in err
+    assert f"{bad}; the run is redone" in err
+    assert json.loads(path.read_text())["result"] == json.loads(original)["result"]

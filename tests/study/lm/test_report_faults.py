@@ -245,3 +245,21 @@ def test_damaged_records_and_caches_are_named_and_redone(tmp_path: Path, capsys)
         assert run(cfg, out) == 0
         assert f"warning: {cache}" in capsys.readouterr().err
         assert json.loads(cache.read_text()) == json.loads(intact)  # measured again, the same
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device every write to fails (ENOSPC)")
+def test_a_plot_that_cannot_be_written_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    """A full disk under ``plots/`` (a plot linked to /dev/full, where every write fails with ENOSPC) is not a bug
+    of the report: one line naming the file and exit 2, not a traceback, "please report it" and exit 0."""
+    from lnblocks.cli import main as cli_main
+
+    cfg = report_study(tmp_path, arms=PRE_POST_MIX, depths="[1]")
+    out = tmp_path / "out"
+    assert run_study(cfg, out, show_progress=False, report=False) == 0
+    (out / "plots").mkdir()
+    (out / "plots" / "loss_curves.png").symlink_to("/dev/full")
+    capsys.readouterr()
+    assert cli_main(["study", "report", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    path = out / "plots" / "loss_curves.png"
+    assert err == f"lnblocks: error: [Errno 28] No space left on device: '{path}'", err

@@ -152,10 +152,10 @@ def test_bf16_under_fsdp_without_the_full_copy(sharded_study: Path, tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [({"dp_shard": 2}, None), (None, {"tp": 2})],
-    ids=["fsdp2-then-one-process", "one-process-then-tp2"],
+    [({"dp_shard": 2}, None), (None, {"tp": 2}), ({"dp_shard": 2}, {"tp": 2})],
+    ids=["fsdp2-then-one-process", "one-process-then-tp2", "fsdp2-then-tp2"],
 )
-def test_a_checkpoint_resumes_under_another_world_size(
+def test_a_checkpoint_resumes_under_another_world_size_or_layout(
     sharded_study: Path,
     sharded_reference: Any,
     tmp_path: Path,
@@ -163,7 +163,8 @@ def test_a_checkpoint_resumes_under_another_world_size(
     then: dict | None,
     capfd: pytest.CaptureFixture,
 ) -> None:
-    """Killed at step 6 (checkpoint of step 4) under one layout, resumed under the other."""
+    """Killed at step 6 (checkpoint of step 4) under one layout, resumed under the other: another world size, or
+    another layout at the same world size (the manifest records the layout), and stderr says it is resharded."""
     ckpt = {"train.checkpoint": {"every": 4}}
     killed = launch(
         sharded_study, tmp_path, {**ckpt, "train.parallel": first}, 1 if first is None else 2, "kill-at-step@6"

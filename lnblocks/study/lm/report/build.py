@@ -33,9 +33,11 @@ def write_summary_csv(rows: list[dict[str, Any]], path: Path) -> None:
 
 def _guarded(what: str, failures: list[str], fn: Any, default: Any) -> Any:
     """``fn()``, or ``default`` with one line in ``failures`` (and the traceback on stderr) when it raises: the
-    report is still written."""
+    report is still written. An ``OSError`` (a full disk) is not a bug to report: it propagates."""
     try:
         return fn()
+    except OSError:  # the disk or the folder, not a bug: the report stops with one line naming the file
+        raise
     except Exception as err:  # a bug in one claim family or plot must not cost the whole report
         line = f"{what} could not be computed ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
         failures.append(line + "; please report it with this study's records")

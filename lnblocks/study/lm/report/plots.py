@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lnblocks._optional import require
+from lnblocks.study.core.atomic import naming
 from lnblocks.study.core.records import RunRecord
 from lnblocks.study.lm.report.analysis import arch_of, gradient_profile, grouped, lr_label, mean
 
@@ -35,8 +36,12 @@ def _axes(n_rows: int, n_cols: int, w: float = 4.0, h: float = 3.0) -> tuple[Any
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as err:  # a full disk: name the file (write() names none)
+        raise naming(err, path) from None
+    finally:
+        _plt().close(fig)
     return path
 
 
