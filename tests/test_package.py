@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import functools
 import importlib.util
 import subprocess
@@ -173,3 +174,41 @@ def test_the_old_loss_path_is_the_lm_head_module_itself() -> None:
     import lnblocks.models.loss as loss
 
     assert loss is lm_head  # one module: a threshold set through the old path is the one the head reads
+
+
+# ---- the README's layout table ----------------------------------------------------------------------------------
+# Its "imports from lnblocks" column is the import graph above, read per unit: a subpackage of lnblocks (the study's
+# core and tasks each one unit) or a top-level module. ``config`` and ``_optional`` are the bases every unit may use
+# and are left out of the column, as the README says.
+BASES = {"config", "_optional"}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")[1:]
+    if parts[:1] == ["study"] and len(parts) > 1 and parts[1] in ("core", "lm", "digits"):
+        return "study." + parts[1]
+    return parts[0] if parts else "lnblocks"
+
+
+def _layout_table() -> dict[str, set[str]]:
+    """README row -> the backticked unit names of its "imports from lnblocks" column ("nothing": none)."""
+    text = (LIBRARY.parent / "README.md").read_text()
+    section = text.split("## Layout", 1)[1].split("```", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`lnblocks."):
+            names = set(re.findall(r"`([a-z_.]+)`", cells[2])) - BASES
+            rows[cells[0].strip("`").removeprefix("lnblocks.")] = names
+    return rows
+
+
+def test_the_readme_layout_table_is_the_import_graph() -> None:
+    actual: dict[str, set[str]] = {}
+    for module, targets in _import_graph().items():
+        actual.setdefault(_unit(module), set()).update(_unit(t) for t in targets if _unit(t) != _unit(module))
+    table = _layout_table()
+    assert {"norms", "kernels", "models", "hf", "study.core", "study.lm"} <= set(table)
+    wrong = {unit: {"README": sorted(names), "code": sorted(actual.get(unit, set()) - BASES)}
+             for unit, names in table.items() if names != actual.get(unit, set()) - BASES}  # fmt: skip
+    assert not wrong, f"README's layout table disagrees with the imports: {wrong}"

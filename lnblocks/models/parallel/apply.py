@@ -49,7 +49,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from lnblocks.models.gpt import GPT
-from lnblocks.models.parallel.agreement import check_ranks_agree, parameter_digest
+from lnblocks.rank_agreement import check_ranks_agree, parameter_digest
 from lnblocks.models.parallel.config import MESH_DIMS, ParallelConfig, as_parallel_config
 from lnblocks.models.parallel.styles import (
     FusedColwiseParallel,

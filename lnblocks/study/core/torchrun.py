@@ -50,7 +50,7 @@ def same_runs_on_every_rank(runs: list[Any]) -> None:
 
     import torch.distributed as td
 
-    from lnblocks.models.parallel.agreement import check_ranks_agree, flatten
+    from lnblocks.rank_agreement import check_ranks_agree, flatten
 
     def fields(run: Any) -> dict[str, Any]:
         return dataclasses.asdict(run) if dataclasses.is_dataclass(run) else {"run": run}
