@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import re
 import functools
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -212,3 +212,16 @@ def test_the_readme_layout_table_is_the_import_graph() -> None:
     wrong = {unit: {"README": sorted(names), "code": sorted(actual.get(unit, set()) - BASES)}
              for unit, names in table.items() if names != actual.get(unit, set()) - BASES}  # fmt: skip
     assert not wrong, f"README's layout table disagrees with the imports: {wrong}"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A name with a leading underscore is its module's own: another module that needs it gets it under a public
+    name (``_optional``, the package of optional-import helpers, is private as a module, not in its names)."""
+    found = []
+    for module, path in _modules().items():
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("lnblocks"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private and node.module != module:
+                    found.append(f"{module} imports {private} from {node.module}")
+    assert not found, found

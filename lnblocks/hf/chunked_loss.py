@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnblocks.blocks import softcap
-from lnblocks.hf.install import _BoundToModule
+from lnblocks.hf.install import BoundToModule
 from lnblocks.hf.record import LOSS_KEY, LossRecord, loss_record_of
 from lnblocks.hf.wrappers import hooked_by_accelerate, wrapped_copies
 from lnblocks.models.capped_loss import mapped_lm_head_loss
@@ -130,7 +130,7 @@ def _plain(module: nn.Module, saved: Any) -> Any:
     return saved if saved is not None else types.MethodType(type(module).forward, module)
 
 
-class LossForward(_BoundToModule):
+class LossForward(BoundToModule):
     """The causal LM's forward: its own, with the call's labels noted for its head (see the module docstring)."""
 
     __slots__ = ()
@@ -161,7 +161,7 @@ class HeadRecord:
     saved_forward: Any = None
 
 
-class HeadForward(_BoundToModule):
+class HeadForward(BoundToModule):
     """The head's forward: in a labelled forward of the model it heads, the chunked loss and the last position's
     logits; otherwise its own forward."""
 
@@ -197,7 +197,7 @@ class _JoinedToHead(torch.autograd.Function):
         return grad, torch.zeros(shape, dtype=dtype, device=device)
 
 
-class LossFunction(_BoundToModule):
+class LossFunction(BoundToModule):
     """The causal LM's ``loss_function``: the chunked loss of the labelled forward that asks for it; else the loss
     function the model had (``ForCausalLMLoss``)."""
 

@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lnblocks.hf.layer_source import _chain, _definition, _module_tree, _same_code
+from lnblocks.hf.layer_source import checked_definition, module_tree, same_code, wrapper_chain
 
 Step = tuple[str, str]  # (kind, attribute path on the model): ("mul", "logit_scale"), ("float", "")
 _KNOWN = (
@@ -176,7 +176,7 @@ def _loss_call(stmt: ast.stmt, logits: str, labels: str, kwargs: str | None) -> 
 
 def _module_imports(filename: str) -> list[ast.stmt]:
     """The import statements at the top level of a module (inside ``if``/``try`` too), to compile, not to run."""
-    tree = _module_tree(filename)
+    tree = module_tree(filename)
     found: list[ast.stmt] = []
     todo = list(tree.body) if tree is not None else []
     while todo:
@@ -198,7 +198,7 @@ def _verified(raw: types.FunctionType) -> ast.FunctionDef | str:
     """The definition of ``raw``, checked: its source compiled again gives ``raw``'s bytecode."""
     if raw.__code__.co_freevars:
         return f"its forward is a closure (over {', '.join(raw.__code__.co_freevars)})"
-    fn = _definition(raw)
+    fn = checked_definition(raw)
     if isinstance(fn, str):
         return fn
     # compiled next to the module's imports: CPython 3.11 compiles `module.f()` differently for an imported name
@@ -210,13 +210,13 @@ def _verified(raw: types.FunctionType) -> ast.FunctionDef | str:
     except (SyntaxError, ValueError) as err:
         return f"its forward cannot be compiled again ({err})"
     again = next(c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == raw.__name__)
-    return fn if _same_code(again, raw.__code__) else "its source does not match the code it runs"
+    return fn if same_code(again, raw.__code__) else "its source does not match the code it runs"
 
 
 @functools.cache
 def read_head(cls: type, head: str) -> HeadForm:
     """How ``cls.forward`` turns ``self.<head>``'s output into the loss (see the module docstring)."""
-    raw = _chain(cls.forward)[-1]
+    raw = wrapper_chain(cls.forward)[-1]
     if not inspect.isfunction(raw):
         return HeadForm(reason="its forward is not Python code")
     fn = _verified(raw)

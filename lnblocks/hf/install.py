@@ -69,7 +69,7 @@ def check_triton(name: str, module: nn.Module, norm: Norm) -> None:
         )
 
 
-class _BoundToModule:
+class BoundToModule:
     """A callable put on a module's instance that reaches the module through a weak reference (a strong one would
     make module -> callable -> module a cycle). Copies and pickles of the module get one bound to the copy."""
 
@@ -85,7 +85,7 @@ class _BoundToModule:
             raise ReferenceError("the module this lnblocks forward was patched into no longer exists")
         return module
 
-    def __deepcopy__(self, memo: dict) -> _BoundToModule:
+    def __deepcopy__(self, memo: dict) -> BoundToModule:
         return type(self)(copy.deepcopy(self.module(), memo), copy.deepcopy(self.record, memo))
 
     def __reduce__(self) -> tuple:
@@ -122,7 +122,7 @@ def _follow_eps(module: nn.Module, norm: Norm, math: NormMath, eps: Any) -> None
         ) from None
 
 
-class PatchedForward(_BoundToModule):
+class PatchedForward(BoundToModule):
     """The forward of a patched module: the lnblocks norm, with eps read from the module's own attribute.
 
     With ``residual`` (a fused decoder layer's call): ``(norm(hidden_states + residual), hidden_states + residual)``;
@@ -161,7 +161,7 @@ class PatchedForward(_BoundToModule):
         return norm.norm_then_add(x, residual)
 
 
-class PatchedGatedForward(_BoundToModule):
+class PatchedGatedForward(BoundToModule):
     """The forward of a patched gated norm (the mixer norm of the hybrid SSM families): ``forward(x, gate)``; a class
     that needs its gate gets its own error without one."""
 
@@ -183,7 +183,7 @@ class PatchedGatedForward(_BoundToModule):
 PATCHED_FORWARDS = (PatchedForward, PatchedGatedForward)
 
 
-class PatchedRepr(_BoundToModule):
+class PatchedRepr(BoundToModule):
     """``extra_repr`` of a patched module: the class's own, and the lnblocks backend."""
 
     __slots__ = ()

@@ -136,7 +136,7 @@ def _fuse_sites(fn: ast.FunctionDef, names: Iterable[str]) -> ast.FunctionDef:
     return ast.fix_missing_locations(fn)
 
 
-def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+def same_code(a: types.CodeType, b: types.CodeType) -> bool:
     """Same bytecode, names and constants (nested code compared the same way); line numbers do not matter."""
     fields = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount", "co_kwonlyargcount")
     if any(getattr(a, f) != getattr(b, f) for f in fields) or len(a.co_consts) != len(b.co_consts):
@@ -144,14 +144,15 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
     for x, y in zip(a.co_consts, b.co_consts):
         if isinstance(x, types.CodeType) != isinstance(y, types.CodeType):
             return False
-        if isinstance(x, types.CodeType) and not _same_code(x, y):
+        if isinstance(x, types.CodeType) and not same_code(x, y):
             return False
         if not isinstance(x, types.CodeType) and (type(x) is not type(y) or x != y):
             return False
     return True
 
 
-def _chain(fn: Callable) -> list[Callable]:
+def wrapper_chain(fn: Callable) -> list[Callable]:
+    """``fn`` and the functions it wraps (``__wrapped__``, at most 16 deep), outermost first."""
     out = [fn]
     while hasattr(out[-1], "__wrapped__") and len(out) < 16:
         out.append(out[-1].__wrapped__)
@@ -214,17 +215,18 @@ def _refused(reason: str) -> LayerSource:
 
 
 @functools.cache
-def _module_tree(filename: str) -> ast.Module | None:
+def module_tree(filename: str) -> ast.Module | None:
+    """The syntax tree of a source file as Python loaded it (``linecache``), or None where it does not parse."""
     try:
         return ast.parse("".join(linecache.getlines(filename)), filename)
     except (SyntaxError, ValueError):
         return None
 
 
-def _definition(raw: Callable) -> ast.FunctionDef | str:
+def checked_definition(raw: Callable) -> ast.FunctionDef | str:
     """The syntax tree of ``raw``'s definition, from its module's source (exact text and line numbers), or why not."""
     filename = inspect.getsourcefile(raw)
-    tree = _module_tree(filename) if filename else None
+    tree = module_tree(filename) if filename else None
     if tree is None:
         return "the source of its forward cannot be read"
     first = raw.__code__.co_firstlineno  # the line of the first decorator
@@ -241,23 +243,23 @@ def _definition(raw: Callable) -> ast.FunctionDef | str:
 @functools.cache
 def read_forward(cls: type) -> LayerSource:
     """Parse and verify ``cls.forward``; ``reason`` says why it cannot be rewritten."""
-    chain = _chain(cls.forward)
+    chain = wrapper_chain(cls.forward)
     raw = chain[-1]
     if not inspect.isfunction(raw):
         return _refused("its forward is not Python code")
     if raw.__code__.co_freevars:
         return _refused(f"its forward is a closure (over {', '.join(raw.__code__.co_freevars)})")
-    fn = _definition(raw)
+    fn = checked_definition(raw)
     if isinstance(fn, str):
         return _refused(fn)
     source_obj = LayerSource(fn, raw, tuple(name for _, _, name, _ in _sites(fn)))
     try:
-        again = _chain(source_obj.compile((), None))  # unchanged: must be the code the class runs
+        again = wrapper_chain(source_obj.compile((), None))  # unchanged: must be the code the class runs
     except Exception as err:  # a decorator that cannot be evaluated again
         return _refused(f"its forward cannot be compiled again ({type(err).__name__}: {err})")
     head, tail = chain[: len(chain) - len(again)], chain[len(chain) - len(again) :]
     if len(tail) != len(again) or not all(
-        inspect.isfunction(x) and inspect.isfunction(y) and _same_code(x.__code__, y.__code__)
+        inspect.isfunction(x) and inspect.isfunction(y) and same_code(x.__code__, y.__code__)
         for x, y in zip(tail, again)
     ):
         return _refused("its source does not match the code it runs (edited or generated at run time)")

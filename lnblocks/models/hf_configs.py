@@ -70,7 +70,8 @@ def _gpt2_to_lnblocks(c: Any) -> GPTConfig:
     )
 
 
-def _rope_theta(c: Any) -> float:
+def rope_theta_of(c: Any) -> float:
+    """The RoPE base of an HF config (``rope_parameters`` or the older ``rope_theta``)."""
     params = getattr(c, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
     if rope_type != "default":
@@ -81,7 +82,7 @@ def _rope_theta(c: Any) -> float:
 def _llama_to_lnblocks(c: Any, family: str) -> GPTConfig:
     if c.hidden_act not in LLAMA_ACTS:
         raise ValueError(f"hidden_act {c.hidden_act!r}; supported: {list(LLAMA_ACTS)}")
-    theta = _rope_theta(c)
+    theta = rope_theta_of(c)
     default_hd = c.hidden_size // c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or default_hd
     bias = bool(getattr(c, "attention_bias", False))
@@ -141,7 +142,8 @@ _ZERO_FILLED = ("attention.qkv_bias", "attention.out_bias", "mlp.bias")
 
 
 # ---- lnblocks -> HF ---------------------------------------------------------------------------------------------
-def _token_ids(vocab_size: int) -> dict[str, Any]:
+def token_ids_of(vocab_size: int) -> dict[str, Any]:
+    """The special-token ids to pass an HF config of this vocabulary size."""
     # HF warns when the default special ids fall outside a small vocabulary; leave them unset there.
     return {} if vocab_size > 50256 else {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
@@ -174,7 +176,7 @@ def hf_config(transformers: Any, cfg: GPTConfig, family: str) -> Any:
             attn_pdrop=b.attention.dropout,
             layer_norm_epsilon=eps if eps is not None else 1e-5,
             tie_word_embeddings=cfg.tie_weights,
-            **_token_ids(cfg.vocab_size),
+            **token_ids_of(cfg.vocab_size),
         )
     if b.mlp.activation not in LLAMA_ACTS_BACK:
         raise ValueError(f"cannot export to {family}: mlp activation {b.mlp.activation!r} (needs swiglu or geglu)")
@@ -194,7 +196,7 @@ def hf_config(transformers: Any, cfg: GPTConfig, family: str) -> Any:
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "attention_dropout": b.attention.dropout,
         "tie_word_embeddings": cfg.tie_weights,
-        **_token_ids(cfg.vocab_size),
+        **token_ids_of(cfg.vocab_size),
     }
     if family in ("llama", "qwen3"):
         kwargs["attention_bias"] = b.attention.qkv_bias or b.attention.out_bias

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from lnblocks._optional import require
 from lnblocks.blocks import AttentionConfig, BlockConfig, MLPConfig
 from lnblocks.models.config import GPTConfig
-from lnblocks.models.hf_configs import _rope_theta, _token_ids, config_diff, warn_fp32_only
+from lnblocks.models.hf_configs import config_diff, rope_theta_of, token_ids_of, warn_fp32_only
 from lnblocks.norms import NORM_PRESETS
 
 M = TypeVar("M", bound=nn.Module)  # the GPT class, passed by GPT.from_hf (this module does not import it)
@@ -70,7 +70,7 @@ def config_from_hf(c: Any) -> GPTConfig:
         n_layers=c.num_hidden_layers,
         block=block,
         positions="rope",
-        rope_theta=_rope_theta(c),
+        rope_theta=rope_theta_of(c),
         tie_weights=bool(c.tie_word_embeddings),
         emb_scale=c.hidden_size**0.5,
         final_softcap=c.final_logit_softcapping,
@@ -105,7 +105,7 @@ def hf_config(transformers: Any, cfg: GPTConfig) -> Any:
         attn_logit_softcapping=b.attention.softcap,
         final_logit_softcapping=cfg.final_softcap,
         tie_word_embeddings=cfg.tie_weights,
-        **_token_ids(cfg.vocab_size),
+        **token_ids_of(cfg.vocab_size),
     )
 
 

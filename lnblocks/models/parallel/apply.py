@@ -49,7 +49,6 @@ from torch.distributed.tensor.parallel import (
 )
 
 from lnblocks.models.gpt import GPT
-from lnblocks.rank_agreement import check_ranks_agree, parameter_digest
 from lnblocks.models.parallel.config import MESH_DIMS, ParallelConfig, as_parallel_config
 from lnblocks.models.parallel.styles import (
     FusedColwiseParallel,
@@ -58,6 +57,7 @@ from lnblocks.models.parallel.styles import (
     ReplicateParallel,
     replicate_parameters,
 )
+from lnblocks.rank_agreement import check_ranks_agree, parameter_digest
 
 BLOCK_NORMS = ("attn_in_norm", "attn_out_norm", "attn_post_norm", "mlp_in_norm", "mlp_out_norm", "mlp_post_norm")
 
