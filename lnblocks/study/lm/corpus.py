@@ -1,36 +1,9 @@
 """``lnblocks.study.lm.corpus``: the user's-own-corpus API under its public name (``CorpusConfig``,
-``prepare_corpus``, ``open_corpus``, ``corpus_digest``, ...). It lives in ``lnblocks.study.lm.data.corpus``."""
+``prepare_corpus``, ``open_corpus``, ``corpus_digest``, ...). It is the module ``lnblocks.study.lm.data.corpus``
+itself, where the code lives, not a copy of its names."""
 
-from lnblocks.study.lm.data.corpus import (
-    CORPUS_FORMAT,
-    CORPUS_SOURCES,
-    CorpusConfig,
-    CorpusSummary,
-    TextTokenizer,
-    TokenFileSource,
-    corpus_digest,
-    count_tokens,
-    default_cache_dir,
-    open_corpus,
-    prepare_corpus,
-    reference_from_counts,
-    reference_losses,
-    unigram_from_counts,
-)
+import sys
 
-__all__ = [
-    "CORPUS_FORMAT",
-    "CORPUS_SOURCES",
-    "CorpusConfig",
-    "CorpusSummary",
-    "TextTokenizer",
-    "TokenFileSource",
-    "corpus_digest",
-    "count_tokens",
-    "default_cache_dir",
-    "open_corpus",
-    "prepare_corpus",
-    "reference_from_counts",
-    "reference_losses",
-    "unigram_from_counts",
-]
+from lnblocks.study.lm.data import corpus
+
+sys.modules[__name__] = corpus
