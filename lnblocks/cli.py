@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 EXIT_USER_ERROR = 2
@@ -125,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     check.set_defaults(func=_cmd_patch_check)
 
+    _add_study_commands(sub, debug)
+    _add_data_commands(sub, debug)
+    return parser
+
+
+def _add_study_commands(sub: Any, debug: argparse.ArgumentParser) -> None:
+    """``lnblocks study run | report | clean``."""
     study = sub.add_parser("study", parents=[debug], help="experiments: the Pre/Post-LN study, the CNN digits study")
     study_sub = study.add_subparsers(dest="study", required=True)
     run = study_sub.add_parser("run", parents=[debug], help="run a study grid (skips finished runs) and its report")
@@ -164,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     tidy.add_argument("--remove", action="store_true", help="delete them (refused while a runner uses OUT)")
     tidy.set_defaults(func=_cmd_study_clean)
 
+
+def _add_data_commands(sub: Any, debug: argparse.ArgumentParser) -> None:
+    """``lnblocks data prepare | clean``."""
     data = sub.add_parser("data", parents=[debug], help="the data of a study: tokenize a corpus once")
     data_sub = data.add_subparsers(dest="data", required=True)
     prep = data_sub.add_parser(
@@ -183,7 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--all", action="store_true", help="remove every corpus not in use")
     clean.add_argument("--cache-dir", default=None, metavar="DIR", help="a data.cache_dir (default: the default cache)")
     clean.set_defaults(func=_cmd_data_clean)
-    return parser
 
 
 def _one_line(err: BaseException) -> str:

@@ -397,6 +397,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.hyper_connections": None,
     "model.emb_scale": None,
     "model.final_softcap": None,
+    "model.memory_efficient": None,
 }
 EXECUTION_KEYS = ("train.checkpoint", "train.parallel")
 KEY_VERSIONS: dict[str, tuple[int, tuple[Any, ...] | None, str]] = {}

@@ -23,7 +23,8 @@ STUDY_PLACEMENTS = (*PLACEMENTS, "mix_ln")  # mix_ln: built with ``lnblocks.mode
 
 # the BlockConfig and GPTConfig fields of the model section, by owner
 BLOCK_KEYS = ("dim", "norm", "attention", "mlp", "qk_norm", "depth_scaled_norm", "shared_norm", "deepnorm_alpha",
-              "rezero", "dropout", "mlp_norm", "v_norm", "mlp_placement", "hyper_connections")  # fmt: skip
+              "rezero", "dropout", "mlp_norm", "v_norm", "mlp_placement", "hyper_connections",
+              "memory_efficient")  # fmt: skip
 GPT_KEYS = ("positions", "rope_theta", "tie_weights", "final_norm", "init", "init_std", "emb_init_std", "emb_dropout",
             "emb_norm", "qkv_init", "emb_scale", "final_softcap")  # fmt: skip
 # shorthand -> the (nested block field, key) pairs it sets
@@ -81,6 +82,7 @@ class ModelConfig(Config):
     v_norm: Any = None  # added later: None leaves run ids as they were (lm.config.ADDED_KEYS)
     mlp_placement: Any = None
     hyper_connections: Any = None
+    memory_efficient: Any = None  # the block's (GPTConfig's own sets every block's: one key here)
     # GPTConfig's fields
     positions: Any = "learned"
     rope_theta: Any = 10000.0

@@ -78,7 +78,7 @@ def test_model_section_lists_the_library_fields_with_their_defaults() -> None:
     model = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     owners = (
         (BlockConfig, BLOCK_KEYS, {"placement"}),
-        (GPTConfig, GPT_KEYS, {"vocab_size", "max_seq_len", "n_layers", "block"}),
+        (GPTConfig, GPT_KEYS, {"vocab_size", "max_seq_len", "n_layers", "block", "memory_efficient"}),  # the block's
     )
     for cls, keys, set_by_study in owners:
         library = {f.name: f.default for f in dataclasses.fields(cls) if f.name not in set_by_study}

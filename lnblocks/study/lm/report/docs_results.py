@@ -211,6 +211,53 @@ def attn_logit_figure(rows: list[dict], profiles: list[InitProfile], found: list
     return {"title": _verdicts(found, ("W1", "W2a")), "panels": [panel], "panel_size": (7.2, 4.4)}
 
 
+# the 2025-26 arms (findings.frontier_arms names), by panel: (arm, legend label or None, color, line style)
+FRONTIER_PANELS: tuple[tuple[str, tuple[tuple[str, str | None, str, str], ...]], ...] = (
+    ("norms: Adam (solid) and Muon (dashed)", (
+        ("pre", "LayerNorm", "tab:blue", "-"), ("pre_rms", "RMSNorm", "tab:green", "-"),
+        ("dyt", "DyT", "tab:orange", "-"), ("derf", "Derf", "tab:red", "-"),
+        ("derf_a0.3", "Derf, alpha_0 0.3", "tab:purple", "-"),
+        ("pre_rms+muon", None, "tab:green", "--"), ("dyt+muon", None, "tab:orange", "--"),
+        ("derf+muon", None, "tab:red", "--"), ("derf_a0.3+muon", None, "tab:purple", "--"))),
+    ("placements and residual streams", (
+        ("pre", "Pre-LN", "tab:blue", "-"), ("post", "Post-LN", "tab:gray", "-"),
+        ("hybridnorm", "HybridNorm", "tab:green", "-"), ("siamese", "SiameseNorm", "tab:red", "-"),
+        ("ngpt", "nGPT", "tab:olive", "-"), ("hc", "HC (4 streams)", "tab:orange", "-"),
+        ("mhc", "mHC", "tab:purple", "-"))),
+    ("attention", (
+        ("pre", "Pre-LN", "tab:blue", "-"), ("gated", "output gate", "tab:red", "-"),
+        ("softcap", "soft-caps", "tab:orange", "-"), ("qk", "QK-norm", "tab:green", "-"),
+        ("olmo2", "OLMo 2 recipe", "tab:purple", "-"))),
+)  # fmt: skip
+
+
+def frontier_figure(rows: list[dict], profiles: list[InitProfile], found: list[Claim]) -> dict[str, Any]:
+    """The 2025-26 arms' final eval loss against LR (mean over seeds; a diverged run counts at its initial loss),
+    one panel per group of claims: the norms under Adam and Muon, the placements and residual streams, attention."""
+    from lnblocks.study.lm.report.findings.frontier_arms import frontier_arm
+
+    by_arm: dict[str, list[dict]] = {}
+    for r in rows:
+        by_arm.setdefault(frontier_arm(r) or "", []).append(r)
+    plateau = rows[0]["unigram_loss"]
+    panels = []
+    for title, arms in FRONTIER_PANELS:
+        lines, lrs = [], sorted({r["lr"] for arm, *_ in arms for r in by_arm.get(arm, [])})
+        for arm, label, color, ls in arms:
+            runs = by_arm.get(arm, [])
+            xs = sorted({r["lr"] for r in runs})
+            per_lr = [[capped(r["final_loss"], r["initial_loss"]) for r in runs if r["lr"] == lr] for lr in xs]
+            ys = [sum(vals) / len(vals) for vals in per_lr]
+            lines.append({"x": xs, "y": ys, "color": color, "ls": ls, "label": label})
+        ys = [y for line in lines for y in line["y"]]
+        panels.append({
+            "title": title, "ylabel": "final eval loss, nats (diverged: initial)", **_lr_axis(lrs), "lines": lines,
+            "hlines": [{"y": plateau, "label": "unigram plateau"}], "legend": "upper left", "legend_cols": 2,
+            "ylim": [min(ys) - 0.1, max(*ys, plateau) + 0.6],
+        })  # fmt: skip
+    return {"title": _verdicts(found, ("NO1", "SN1", "GA3")), "panels": panels, "panel_size": (4.8, 3.8)}
+
+
 def _geomean(values: list[float | None]) -> float | None:
     vals = [math.log(v) for v in values if v is not None and v > 0]
     return math.exp(sum(vals) / len(vals)) if vals else None
