@@ -242,9 +242,10 @@ def frontier_figure(rows: list[dict], profiles: list[InitProfile], found: list[C
     plateau = rows[0]["unigram_loss"]
     panels = []
     for title, arms in FRONTIER_PANELS:
-        lines, lrs = [], sorted({r["lr"] for arm, *_ in arms for r in by_arm.get(arm, [])})
+        # the LRs of the panel's own arms (the Pre-LN baseline, first, shown at those only)
+        lines, lrs = [], sorted({r["lr"] for arm, *_ in arms[1:] for r in by_arm.get(arm, [])})
         for arm, label, color, ls in arms:
-            runs = by_arm.get(arm, [])
+            runs = [r for r in by_arm.get(arm, []) if r["lr"] in lrs]
             xs = sorted({r["lr"] for r in runs})
             per_lr = [[capped(r["final_loss"], r["initial_loss"]) for r in runs if r["lr"] == lr] for lr in xs]
             ys = [sum(vals) / len(vals) for vals in per_lr]
@@ -255,7 +256,7 @@ def frontier_figure(rows: list[dict], profiles: list[InitProfile], found: list[C
             "hlines": [{"y": plateau, "label": "unigram plateau"}], "legend": "upper left", "legend_cols": 2,
             "ylim": [min(ys) - 0.1, max(*ys, plateau) + 0.6],
         })  # fmt: skip
-    return {"title": _verdicts(found, ("NO1", "SN1", "GA3")), "panels": panels, "panel_size": (4.8, 3.8)}
+    return {"title": _verdicts(found, ("DF1", "NO1", "HN1", "GA3")), "panels": panels, "panel_size": (4.8, 3.8)}
 
 
 def _geomean(values: list[float | None]) -> float | None:
@@ -268,6 +269,7 @@ FIGURES: dict[str, tuple[str, Figure]] = {  # docs/img/<name>.png: (results fold
     "loss_vs_lr_deepest": ("placements", loss_vs_lr_figure),
     "init_grad_profile": ("xiong2020_quick", grad_profile_figure),
     "attn_logit_vs_lr": ("wortsman2023_quick", attn_logit_figure),
+    "frontier_loss_vs_lr": ("frontier_quick", frontier_figure),
 }
 
 
