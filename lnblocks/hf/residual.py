@@ -51,16 +51,22 @@ from lnblocks.hf.wrappers import base_model_name, hooked_by_accelerate, takes_re
 log = logging.getLogger("lnblocks.hf")
 
 
+def _one_call(norm: nn.Module, a: object, b: object) -> bool:
+    """Whether ``norm`` can take ``b`` into its own call with ``a``: two tensors of one shape on one device, and a
+    norm that runs lnblocks with no hook that would see the call."""
+    return (
+        isinstance(a, Tensor)
+        and isinstance(b, Tensor)
+        and a.shape == b.shape
+        and a.device == b.device
+        and takes_residual(norm)
+    )
+
+
 def norm_add(norm: nn.Module, x: Tensor, r: Tensor, norm_first: bool) -> Tensor:
     """``r + norm(x)`` (``norm(x) + r`` with ``norm_first``: the same bits), as the one call ``norm(x, then_add=r)``
     (``Norm.norm_then_add``: one kernel on GPU) where ``norm`` runs lnblocks and no hook would see the call."""
-    if (
-        isinstance(x, Tensor)
-        and isinstance(r, Tensor)
-        and x.shape == r.shape
-        and x.device == r.device
-        and takes_residual(norm)
-    ):
+    if _one_call(norm, x, r):
         return norm(x, then_add=r)
     y = norm(x)
     return y + r if norm_first else r + y
@@ -69,13 +75,7 @@ def norm_add(norm: nn.Module, x: Tensor, r: Tensor, norm_first: bool) -> Tensor:
 def add_norm(norm: nn.Module, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """``s = a + b; return norm(s), s``, as the one call ``norm(a, residual=b)`` where ``norm`` runs lnblocks and
     no hook would see the call."""
-    if (
-        isinstance(a, Tensor)
-        and isinstance(b, Tensor)
-        and a.shape == b.shape
-        and a.device == b.device
-        and takes_residual(norm)
-    ):
+    if _one_call(norm, a, b):
         return norm(a, residual=b)
     s = a + b
     return norm(s), s
