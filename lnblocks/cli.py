@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 EXIT_USER_ERROR = 2
@@ -231,5 +231,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def run() -> NoReturn:
+    """The ``lnblocks`` command (and ``python -m lnblocks.cli``): ``main``'s status becomes the exit status. A rank
+    that a launcher started (torchrun) and that succeeded ends without interpreter finalization, where gloo can
+    abort a process that finished its work (``lnblocks.process_exit``). A failing rank exits the ordinary way:
+    torchrun stops every other rank once one exits with an error, and the ordinary exit's pace is what lets each of
+    them print its own one-line error first."""
+    code = main()
+    from lnblocks.process_exit import exit_process, launched_as_rank
+
+    if code == 0 and launched_as_rank():
+        exit_process(0)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

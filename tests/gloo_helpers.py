@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lnblocks.process_exit import exit_process
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -26,6 +28,7 @@ def _entry(rank: int, port: int, world: int, check: Callable[[int], None]) -> No
         check(rank)
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # no interpreter teardown, where gloo can abort a finished rank (lnblocks.process_exit)
 
 
 def run_gloo(check: Callable[[int], None], world: int = 2) -> None:

@@ -178,9 +178,9 @@ def test_the_old_loss_path_is_the_lm_head_module_itself() -> None:
 
 # ---- the README's layout table ----------------------------------------------------------------------------------
 # Its "imports from lnblocks" column is the import graph above, read per unit: a subpackage of lnblocks (the study's
-# core and tasks each one unit) or a top-level module. ``config`` and ``_optional`` are the bases every unit may use
-# and are left out of the column, as the README says.
-BASES = {"config", "_optional"}
+# core and tasks each one unit) or a top-level module. ``config``, ``_optional`` and ``process_exit`` are the bases
+# every unit may use and are left out of the column, as the README says.
+BASES = {"config", "_optional", "process_exit"}
 
 
 def _unit(module: str) -> str:

@@ -36,6 +36,7 @@ from lnblocks.models.parallel import (
     parallelize,
     split_batch,
 )
+from lnblocks.process_exit import exit_process
 
 # fp32: the sharded run against the one-process run, worst |g - g_ref| / max|g_ref| over every parameter and step
 # (measured <= 9e-6, on scalar norm gains: reduction order); a lost, doubled or twice-averaged reduction is O(1).
@@ -277,3 +278,4 @@ if __name__ == "__main__":
         run_checks(Path(sys.argv[1]), Path(sys.argv[2]))
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # no interpreter teardown, where gloo can abort a finished rank (lnblocks.process_exit)

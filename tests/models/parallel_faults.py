@@ -24,6 +24,7 @@ from parallel_cases import batches, gpt_config
 
 from lnblocks import GPT
 from lnblocks.models.parallel import ParallelConfig, build_mesh, parallelize, split_batch
+from lnblocks.process_exit import exit_process
 
 
 def raises(fn: Callable[[], object], error: type, *needles: str) -> dict:
@@ -179,3 +180,4 @@ if __name__ == "__main__":
         main(Path(sys.argv[1]))
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # no interpreter teardown, where gloo can abort a finished rank (lnblocks.process_exit)

@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lnblocks.process_exit import exit_process
+
 WORLD = 2
 B, T, C = 2, 5, 16  # T = 5: the sequence shards are uneven (3 + 2 rows)
 TORCH_KINDS = ["layernorm", "rmsnorm", "llama", "gemma", "t5", "dyt", "scalenorm", "none", "derf", "l2norm", "nemotron"]
@@ -295,6 +297,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # no interpreter teardown, where gloo can abort a finished rank (lnblocks.process_exit)
 
 
 def _outcome(fn) -> str:

@@ -222,9 +222,9 @@ class TorchrunExecutor:
             if self.is_driver and not self._ended:  # the driver stopped outside a job: the others wait for one
                 self._next(None)
                 self._ended = True
-            # free what still references the runs' sub-groups (a sharded run's mesh, model, optimizer: reference
-            # cycles) while the interpreter is alive: gloo work objects destroyed during interpreter teardown can
-            # abort the process (pytorch PR 179291 describes it)
+            # free the runs' models and optimizers (reference cycles) while the interpreter is alive; DTensor's
+            # caches still hold a sharded run's mesh and its gloo groups, so a rank must also end without the
+            # interpreter's teardown (lnblocks.process_exit: the lnblocks command does, a script calls exit_process)
             gc.collect()
             td.barrier()  # the driver may still be writing its report
         except Exception as err:  # a rank that failed meanwhile (its connection closed)
