@@ -3,8 +3,9 @@
 After a gloo collective returns to Python, a worker thread of the process group still releases the collective's
 work object, and with it references to tensors that Python holds; that release takes the GIL. If the main thread
 has begun finalizing the interpreter by then, CPython ends the waiting worker thread (``pthread_exit``) inside a
-``noexcept`` destructor, and the process dies with ``terminate called without an active exception`` (SIGABRT), at
-times with a heap error instead. ``destroy_process_group`` cannot prevent it: it joins the group's threads only
+``noexcept`` destructor, and the process dies with ``terminate called without an active exception`` (SIGABRT); a
+glibc ``double free`` seen once at the same point is most likely the same race. ``destroy_process_group`` cannot
+prevent it: it joins the group's threads only
 when the last reference to the group goes, and DTensor's sharding caches keep every ``DeviceMesh`` (and so its
 groups) alive until the interpreter ends. So a rank of a sharded job that finished its work correctly can still
 exit with an error. The worked example of ``docs/sharding.md`` did so in 5 of 144 launches (two at a time on 2
