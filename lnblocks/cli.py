@@ -232,17 +232,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """The ``lnblocks`` command (and ``python -m lnblocks.cli``): ``main``'s status becomes the exit status. A rank
-    that a launcher started (torchrun) and that succeeded ends without interpreter finalization, where gloo can
-    abort a process that finished its work (``lnblocks.process_exit``). A failing rank exits the ordinary way:
-    torchrun stops every other rank once one exits with an error, and the ordinary exit's pace is what lets each of
-    them print its own one-line error first."""
+    """The ``lnblocks`` command (and ``python -m lnblocks.cli``): ``main``'s status becomes the exit status, and a
+    torchrun rank that succeeded ends without interpreter finalization, where gloo can abort a process that finished
+    its work (``lnblocks.process_exit.exit_rank``)."""
     code = main()
-    from lnblocks.process_exit import exit_process, launched_as_rank
+    from lnblocks.process_exit import exit_rank
 
-    if code == 0 and launched_as_rank():
-        exit_process(0)
-    sys.exit(code)
+    exit_rank(code)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from lnblocks.process_exit import end_distributed, exit_process
+from lnblocks.process_exit import end_distributed, exit_process, exit_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 FINALIZER = """
@@ -58,10 +58,11 @@ def test_without_it_the_interpreter_finalizes(tmp_path: Path) -> None:
     assert (tmp_path / "marker").read_text() == "finalized"
 
 
+@pytest.mark.parametrize("end", [exit_process, exit_rank])
 @pytest.mark.parametrize("bad", [-1, 256, True, "0", 1.5, None])
-def test_exit_process_refuses_what_is_not_an_exit_status(bad: object) -> None:
+def test_exit_process_refuses_what_is_not_an_exit_status(bad: object, end) -> None:
     with pytest.raises(ValueError, match=r"code must be an exit status, an int in \[0, 255\]"):
-        exit_process(bad)  # type: ignore[arg-type]
+        end(bad)
 
 
 @pytest.mark.parametrize("launched", [False, True])

@@ -224,7 +224,7 @@ class TorchrunExecutor:
                 self._ended = True
             # free the runs' models and optimizers (reference cycles) while the interpreter is alive; DTensor's
             # caches still hold a sharded run's mesh and its gloo groups, so a rank must also end without the
-            # interpreter's teardown (lnblocks.process_exit: the lnblocks command does, a script calls exit_process)
+            # interpreter's teardown (lnblocks.process_exit: the lnblocks command does, a script calls exit_rank)
             gc.collect()
             td.barrier()  # the driver may still be writing its report
         except Exception as err:  # a rank that failed meanwhile (its connection closed)

@@ -4,12 +4,9 @@ study with those ``--set`` overrides, without a report (what ``lnblocks study ru
 import json
 import sys
 
-from lnblocks.process_exit import exit_process
+from lnblocks.process_exit import exit_rank
 from lnblocks.study import run_study
 
 if __name__ == "__main__":
     config, out, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    code = run_study(config, out, show_progress=False, report=False, overrides=overrides)
-    if code == 0:  # no interpreter teardown, where gloo can abort a finished rank (lnblocks.process_exit)
-        exit_process(0)
-    sys.exit(code)
+    exit_rank(run_study(config, out, show_progress=False, report=False, overrides=overrides))  # lnblocks.process_exit
